@@ -1,0 +1,3 @@
+"""mlxbun: local language models on MLX as a daily tool."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from mlxbun_cli.app import main
+
+main()

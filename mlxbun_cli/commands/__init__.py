@@ -1,0 +1,1 @@
+"""Thin Typer commands: parse options, call one service, render through ui."""

@@ -1,0 +1,1 @@
+"""Services the commands call: they do the work and return results."""
