@@ -305,7 +305,7 @@ class Scheduler:
         top_n = min(top_n, logprobs.shape[-1])
         idx = mx.argpartition(-logprobs, kth=top_n - 1)[:top_n]
         vals = logprobs[idx]
-        pairs = sorted(zip(idx.tolist(), vals.tolist()), key=lambda p: -p[1])
+        pairs = sorted(zip(idx.tolist(), vals.tolist(), strict=True), key=lambda p: -p[1])
         return chosen, [(int(i), float(v)) for i, v in pairs]
 
     def _finish(self, item: _Active, reason: str, error: str | None = None) -> None:

@@ -86,6 +86,13 @@ def template_reasoning_effort(effort: str | None) -> str | None:
     }.get(effort or "")
 
 
+def _pick(value: Any, default: Any, fallback: Any) -> Any:
+    """The request's value, else the model's default, else ours."""
+    if value is not None:
+        return value
+    return default if default is not None else fallback
+
+
 def sampling_for(
     req: GenerationRequest, defaults: GenerationDefaults, enable_thinking: bool | None
 ) -> SamplingOptions:
@@ -100,17 +107,11 @@ def sampling_for(
             if enable_thinking is False
             else model_temp
         )
-    pick = lambda value, default, fallback: (
-        value
-        if value is not None
-        # noqa: E731
-        else (default if default is not None else fallback)
-    )
     return SamplingOptions(
         temperature=temperature,
-        top_p=float(pick(req.top_p, defaults.top_p, 1.0)),
-        top_k=int(pick(req.top_k, defaults.top_k, 0)),
-        min_p=float(pick(req.min_p, defaults.min_p, 0.0)),
+        top_p=float(_pick(req.top_p, defaults.top_p, 1.0)),
+        top_k=int(_pick(req.top_k, defaults.top_k, 0)),
+        min_p=float(_pick(req.min_p, defaults.min_p, 0.0)),
         xtc_probability=float(req.xtc_probability or 0.0),
         xtc_threshold=float(req.xtc_threshold if req.xtc_threshold is not None else 0.1),
         seed=int(req.seed) if req.seed is not None else None,
