@@ -11,7 +11,7 @@ import sys
 import typer
 
 from mlxbun_cli import __version__
-from mlxbun_cli.commands import chat, config_cmd, generate
+from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, serve
 
 app = typer.Typer(
     name="mlxbun",
@@ -42,6 +42,8 @@ def root(
 
 app.command("generate")(generate.generate)
 app.command("chat")(chat.chat)
+app.command("serve")(serve.serve)
+app.add_typer(daemon_cmd.app, name="daemon")
 app.add_typer(config_cmd.app, name="config")
 
 

@@ -110,6 +110,23 @@ Adapter = Annotated[
     str | None,
     typer.Option("--adapter", help="Path to a LoRA adapter directory.", rich_help_panel="Model"),
 ]
+Local = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Run in this process even when a daemon is running.",
+        rich_help_panel="Where",
+    ),
+]
+Remote = Annotated[
+    str | None,
+    typer.Option(
+        "--remote",
+        help="Use the mlxbun server at this URL.",
+        rich_help_panel="Where",
+        show_default=False,
+    ),
+]
 System = Annotated[str | None, typer.Option("--system", "-s", help="System prompt.")]
 
 

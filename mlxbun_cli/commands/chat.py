@@ -34,6 +34,8 @@ def chat(
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
     adapter: o.Adapter = None,
+    local: o.Local = False,
+    remote: o.Remote = None,
     hide_thinking: Annotated[
         bool,
         typer.Option(
@@ -76,7 +78,7 @@ def chat(
         reasoning_effort=reasoning_effort,
     )
     session = ChatSession(fields=fields, system=system, show_thinking=not hide_thinking)
-    backend = open_backend(model, adapter=adapter)
+    backend = open_backend(model, adapter=adapter, local=local, remote=remote)
     try:
         render.model_banner(backend.model_info())
         if sys.stdin.isatty():

@@ -62,6 +62,8 @@ def generate(
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
     adapter: o.Adapter = None,
+    local: o.Local = False,
+    remote: o.Remote = None,
 ) -> None:
     """Generate a reply to one prompt, streamed to the terminal.
 
@@ -99,7 +101,7 @@ def generate(
     request = build_request(
         read_prompt(prompt), system=system, raw=raw, logprobs=logprobs, fields=fields
     )
-    backend = open_backend(model, adapter=adapter)
+    backend = open_backend(model, adapter=adapter, local=local, remote=remote)
     try:
         info = backend.model_info()
         if not quiet:

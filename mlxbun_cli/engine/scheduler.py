@@ -47,7 +47,7 @@ class SchedulerStats:
     cached_tokens: int = 0
     generated_tokens: int = 0
     cache_hits: int = 0
-    decode_seconds: float = 0.0
+    busy_seconds: float = 0.0  # time inside batch steps (prefill and decode)
     started_at: float = field(default_factory=time.time)
 
 
@@ -186,7 +186,9 @@ class Scheduler:
                     self._wake.clear()
                     continue
                 try:
+                    tic = time.perf_counter()
                     prompt_responses, gen_responses = generator.next()
+                    self.stats.busy_seconds += time.perf_counter() - tic
                 except Exception as exc:  # an engine fault ends every member, loudly
                     log.exception("generation step failed")
                     self._fail_all(generator, f"generation failed: {exc}")

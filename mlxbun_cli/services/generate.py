@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from mlxbun_cli.client.backend import Backend, LocalBackend
+from mlxbun_cli.client.remote import RemoteBackend
 from mlxbun_cli.config import Settings
 from mlxbun_cli.errors import InputError
 from mlxbun_cli.prep.request import GenerationRequest, validate
@@ -45,9 +46,25 @@ def build_request(
 
 
 def open_backend(
-    model: str | None, *, adapter: str | None = None, settings: Settings | None = None
+    model: str | None,
+    *,
+    adapter: str | None = None,
+    local: bool = False,
+    remote: str | None = None,
+    settings: Settings | None = None,
 ) -> Backend:
+    """The daemon when one runs (or is asked for), this process otherwise."""
     settings = settings or Settings()
+    if local and remote:
+        raise InputError("--local and --remote cannot be used together")
+    if remote:
+        return RemoteBackend(remote, model=model, api_key=settings.api_key)
+    if not local and adapter is None:
+        from mlxbun_cli.client import daemon
+
+        running = daemon.find_running()
+        if running is not None and _same_model(model, settings.default_model, running.model):
+            return RemoteBackend(running.url, model=running.model, api_key=settings.api_key)
     return LocalBackend(
         model,
         adapter=adapter,
@@ -57,3 +74,15 @@ def open_backend(
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
     )
+
+
+def _same_model(name: str | None, default: str | None, daemon_model: str) -> bool:
+    """Whether the model asked for is the one the daemon serves."""
+    if not (name or default):
+        return True
+    from mlxbun_cli.catalog import resolve
+
+    try:
+        return resolve(name, default).id == daemon_model
+    except InputError:
+        return False

@@ -1,0 +1,1 @@
+complete --command mlxbun --no-files --arguments "(env _MLXBUN_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) mlxbun)" --condition "env _MLXBUN_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) mlxbun"

@@ -1,0 +1,107 @@
+"""Pure-ASGI middleware (streaming-safe): API key and request-body size limit."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from mlxbun_cli.protocols.openai import error_body
+
+Scope = dict[str, Any]
+
+
+async def _send_error(
+    send: Any, status: int, message: str, type: str, headers: list | None = None
+) -> None:
+    body = json.dumps(error_body(message, type)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyMiddleware:
+    """Every route but /health needs `Authorization: Bearer KEY` (or `x-api-key`)."""
+
+    OPEN_PATHS = ("/health",)
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in self.OPEN_PATHS
+            or scope["method"] == "OPTIONS"
+        ):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization", b"")
+        given = (
+            auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        )
+        if not hmac.compare_digest(given, self.expected):
+            return await _send_error(
+                send,
+                401,
+                "missing or wrong API key: send Authorization: Bearer KEY",
+                "authentication_error",
+                [(b"www-authenticate", b"Bearer")],
+            )
+        return await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the limit with 413, by Content-Length or while reading."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await _send_error(
+                send, 413, f"request body over {self.max_bytes} bytes", "request_too_large"
+            )
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _send_error(
+                    send, 413, f"request body over {self.max_bytes} bytes", "request_too_large"
+                )
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,87 @@
+"""What one server process knows: its settings, its model, its counters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxbun_cli.catalog import ModelRef
+
+
+@dataclass
+class ServeOptions:
+    model: str | None = None
+    adapter: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])
+    max_body_bytes: int = 16 * 1024 * 1024
+    enable_thinking: bool | None = None
+    default_max_tokens: int | None = None
+    cache_bytes: int = 1 << 30
+    cache_entries: int = 16
+    shutdown_grace: float = 5.0
+    log_level: str = "info"
+
+
+@dataclass
+class RequestCounters:
+    requests: int = 0
+    errors: int = 0
+    client_disconnects: int = 0
+    shutdown_cancels: int = 0
+    tool_parse_failures: int = 0
+    streams_active: int = 0
+
+
+class ServerState:
+    def __init__(self, options: ServeOptions, ref: ModelRef) -> None:
+        self.options = options
+        self.ref = ref
+        self.loaded: Any = None
+        self.load_error: str | None = None
+        self.started_at = time.time()
+        self.counters = RequestCounters()
+        self.draining = asyncio.Event()
+        self._load_thread: threading.Thread | None = None
+
+    @property
+    def status(self) -> str:
+        if self.load_error:
+            return "error"
+        return "ok" if self.loaded is not None else "loading"
+
+    def start_loading(self) -> None:
+        def load() -> None:
+            from mlxbun_cli.engine.loader import load_model
+            from mlxbun_cli.errors import MlxbunError
+
+            try:
+                loaded = load_model(
+                    self.ref,
+                    self.options.adapter,
+                    cache_bytes=self.options.cache_bytes,
+                    cache_entries=self.options.cache_entries,
+                )
+                loaded.scheduler  # start the scheduler thread before serving
+                self.loaded = loaded
+            except MlxbunError as exc:
+                self.load_error = exc.message
+            except Exception as exc:  # reported by /health, never a crash loop
+                self.load_error = f"{type(exc).__name__}: {exc}"
+
+        self._load_thread = threading.Thread(target=load, name="mlxbun-load", daemon=True)
+        self._load_thread.start()
+
+    def wait_loaded(self, timeout: float | None = None) -> None:
+        if self._load_thread is not None:
+            self._load_thread.join(timeout)
+
+    def close(self) -> None:
+        self.wait_loaded(30)
+        if self.loaded is not None:
+            self.loaded.close()

@@ -1,0 +1,31 @@
+"""Helpers for starting the server as a daemon."""
+
+from __future__ import annotations
+
+from mlxbun_cli.server.state import ServeOptions
+
+
+def detached_args(options: ServeOptions) -> list[str]:
+    """The foreground `serve` arguments that reproduce these options."""
+    args: list[str] = []
+    if options.model:
+        args.append(options.model)
+    args += [
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+        "--log-level",
+        options.log_level,
+        "--max-body-mb",
+        str(options.max_body_bytes / (1024 * 1024)),
+    ]
+    if options.adapter:
+        args += ["--adapter", options.adapter]
+    if options.default_max_tokens:
+        args += ["--max-tokens", str(options.default_max_tokens)]
+    if options.enable_thinking is not None:
+        args.append("--think" if options.enable_thinking else "--no-think")
+    for origin in options.cors_origins or ["none"]:
+        args += ["--cors-origin", origin]
+    return args
