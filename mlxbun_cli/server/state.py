@@ -67,7 +67,7 @@ class ServerState:
                     cache_bytes=self.options.cache_bytes,
                     cache_entries=self.options.cache_entries,
                 )
-                loaded.scheduler  # start the scheduler thread before serving
+                _ = loaded.scheduler  # start the scheduler thread before serving
                 self.loaded = loaded
             except MlxbunError as exc:
                 self.load_error = exc.message
