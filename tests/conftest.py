@@ -56,3 +56,32 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeo
         timeout=timeout,
         cwd=REPO,
     )
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir, tmp_path_factory):
+    """One real `mlxbun serve` subprocess for the session, on a free loopback port."""
+    from serverutil import start_server
+
+    srv = start_server(tiny_model_dir, tmp_path_factory.mktemp("server-home"))
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.output()
+
+
+@pytest.fixture
+def openai_client(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def no_eos_bias(tiny_model_dir):
+    """Random weights may emit EOS anywhere; tests that need length forbid it."""
+    import json
+
+    ids = json.loads((tiny_model_dir / "generation_config.json").read_text())["eos_token_id"]
+    return {str(i): -100 for i in ids}

@@ -25,7 +25,9 @@ def no_eos(loaded) -> dict[int, float]:
 
 
 def test_seed_replays_exactly(tiny_loaded):
-    req = dict(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, logit_bias=no_eos(tiny_loaded))
+    req = dict(
+        max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, logit_bias=no_eos(tiny_loaded)
+    )
     first = collect(run(tiny_loaded, chat("Tell me a story", **req)))
     second = collect(run(tiny_loaded, chat("Tell me a story", **req)))
     other = collect(run(tiny_loaded, chat("Tell me a story", **{**req, "seed": 99})))
@@ -45,14 +47,22 @@ def test_greedy_is_deterministic_and_reports_usage(tiny_loaded):
 
 def test_stop_string_held_back_across_token_boundaries(tiny_loaded):
     bias = no_eos(tiny_loaded)
-    base = collect(run(tiny_loaded, GenerationRequest(prompt="The", max_tokens=40, temperature=0, logit_bias=bias)))
+    base = collect(
+        run(
+            tiny_loaded,
+            GenerationRequest(prompt="The", max_tokens=40, temperature=0, logit_bias=bias),
+        )
+    )
     text = base.text
     assert len(text) > 12
     # A stop string that straddles tokens: take characters from the middle.
     stop = text[len(text) // 2 : len(text) // 2 + 5]
     expected = text[: text.find(stop)]
     deltas = []
-    for event in run(tiny_loaded, GenerationRequest(prompt="The", max_tokens=40, temperature=0, logit_bias=bias, stop=[stop])):
+    for event in run(
+        tiny_loaded,
+        GenerationRequest(prompt="The", max_tokens=40, temperature=0, logit_bias=bias, stop=[stop]),
+    ):
         if isinstance(event, TextDelta):
             deltas.append(event.text)
             assert stop not in "".join(deltas)
@@ -62,7 +72,9 @@ def test_stop_string_held_back_across_token_boundaries(tiny_loaded):
 
 
 def test_cancel_stops_at_next_step(tiny_loaded):
-    gen = run(tiny_loaded, chat("go", max_tokens=2000, temperature=0, logit_bias=no_eos(tiny_loaded)))
+    gen = run(
+        tiny_loaded, chat("go", max_tokens=2000, temperature=0, logit_bias=no_eos(tiny_loaded))
+    )
     seen = 0
     done = None
     for event in gen:
@@ -79,12 +91,16 @@ def test_cancel_stops_at_next_step(tiny_loaded):
 
 def test_two_concurrent_requests_share_the_batch(tiny_loaded):
     bias = no_eos(tiny_loaded)
-    solo = collect(run(tiny_loaded, chat("alpha", max_tokens=30, temperature=0, logit_bias=bias))).text
+    solo = collect(
+        run(tiny_loaded, chat("alpha", max_tokens=30, temperature=0, logit_bias=bias))
+    ).text
     results: dict[str, str] = {}
     peak = []
 
     def worker(name: str) -> None:
-        results[name] = collect(run(tiny_loaded, chat(name, max_tokens=30, temperature=0, logit_bias=bias))).text
+        results[name] = collect(
+            run(tiny_loaded, chat(name, max_tokens=30, temperature=0, logit_bias=bias))
+        ).text
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in ("alpha", "beta")]
     for t in threads:
@@ -102,21 +118,44 @@ def test_two_concurrent_requests_share_the_batch(tiny_loaded):
 
 def test_prefix_cache_hit_reports_cached_tokens(tiny_loaded):
     system = {"role": "system", "content": "You are a careful assistant. " * 8}
-    first = GenerationRequest(messages=[system, {"role": "user", "content": "first question"}], max_tokens=5, temperature=0)
+    first = GenerationRequest(
+        messages=[system, {"role": "user", "content": "first question"}],
+        max_tokens=5,
+        temperature=0,
+    )
     a = collect(run(tiny_loaded, first))
     second = GenerationRequest(
-        messages=[system, {"role": "user", "content": "first question"},
-                  {"role": "assistant", "content": a.text}, {"role": "user", "content": "and another"}],
-        max_tokens=5, temperature=0,
+        messages=[
+            system,
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": a.text},
+            {"role": "user", "content": "and another"},
+        ],
+        max_tokens=5,
+        temperature=0,
     )
     b = collect(run(tiny_loaded, second))
-    assert a.done.usage.cached_tokens == 0 or a.done.usage.cached_tokens < a.done.usage.prompt_tokens
+    assert (
+        a.done.usage.cached_tokens == 0 or a.done.usage.cached_tokens < a.done.usage.prompt_tokens
+    )
     assert b.done.usage.cached_tokens > 40
     assert tiny_loaded.scheduler.cache_info()["entries"] >= 1
 
 
 def test_logprobs_shape(tiny_loaded):
-    res = collect(run(tiny_loaded, chat("hi", max_tokens=4, temperature=0, logprobs=True, top_logprobs=3, logit_bias=no_eos(tiny_loaded))))
+    res = collect(
+        run(
+            tiny_loaded,
+            chat(
+                "hi",
+                max_tokens=4,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=3,
+                logit_bias=no_eos(tiny_loaded),
+            ),
+        )
+    )
     assert len(res.logprobs) == 4
     for entry in res.logprobs:
         assert entry["logprob"] <= 0
@@ -136,11 +175,23 @@ def test_thinking_toggle_renders_into_the_template(tiny_loaded):
 
 
 def test_tool_call_parsed_from_real_tokens(tiny_loaded):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    prepared = prepare(tiny_loaded, chat("weather?", tools=tools, chat_template_kwargs={"enable_thinking": False}))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    prepared = prepare(
+        tiny_loaded, chat("weather?", tools=tools, chat_template_kwargs={"enable_thinking": False})
+    )
     assert "get_weather" in prepared.prompt_text  # the template lists the tools
     tok = tiny_loaded.tokenizer
-    reply = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    reply = (
+        'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
     processor = OutputProcessor(tiny_loaded, prepared)
     events = []
     ids = tok.encode(reply)

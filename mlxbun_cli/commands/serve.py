@@ -51,6 +51,13 @@ def serve(
     log_level: Annotated[
         str, typer.Option("--log-level", help="debug|info|warning|error.")
     ] = "info",
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-grace",
+            help="On SIGTERM/SIGINT, seconds in-flight streams get before they are cancelled.",
+        ),
+    ] = 5.0,
 ) -> None:
     """Serve a model over the OpenAI API on 127.0.0.1.
 
@@ -91,6 +98,7 @@ def serve(
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
         log_level=log_level,
+        shutdown_grace=shutdown_grace,
     )
     if detach:
         from mlxbun_cli.client import daemon

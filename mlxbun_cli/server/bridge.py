@@ -24,20 +24,29 @@ async def stream_events(
     processor = OutputProcessor(loaded, prepared)
     state.counters.streams_active += 1
     drain = asyncio.ensure_future(state.draining.wait())
+    deadline: float | None = None  # set once shutdown begins
     try:
         while True:
-            get = asyncio.ensure_future(inbox.get())
-            finished, _ = await asyncio.wait({get, drain}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in finished:
-                get.cancel()
-                # Shutting down: give the stream its grace period, then cancel it.
-                try:
-                    event = await asyncio.wait_for(inbox.get(), state.options.shutdown_grace)
-                except asyncio.TimeoutError:
-                    state.counters.shutdown_cancels += 1
-                    handle.cancel()
+            if deadline is None and drain.done():
+                deadline = loop.time() + state.options.shutdown_grace
+            if deadline is not None and loop.time() >= deadline and not handle.cancelled.is_set():
+                # The grace period is over: cancel; the engine answers with Finished.
+                state.counters.shutdown_cancels += 1
+                handle.cancel()
+            try:
+                event = inbox.get_nowait()  # the common case: no task, no wait
+            except asyncio.QueueEmpty:
+                get = asyncio.ensure_future(inbox.get())
+                waiting = {get} if deadline is not None else {get, drain}
+                timeout = None
+                if deadline is not None and not handle.cancelled.is_set():
+                    timeout = max(0.0, deadline - loop.time())
+                done, _ = await asyncio.wait(
+                    waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if get not in done:
+                    get.cancel()
                     continue
-            else:
                 event = get.result()
             if isinstance(event, Finished):
                 for out in processor.on_finish(event):

@@ -64,6 +64,9 @@ def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any
             if loop is not None:
                 loop.call_soon_threadsafe(state.draining.set)
             super().handle_exit(sig, frame)
+            # A signal-initiated graceful shutdown is a clean exit (0); uvicorn
+            # would otherwise re-raise the signal once it is done.
+            self._captured_signals.clear()
 
         async def startup(self, sockets: Any = None) -> None:
             state.loop = asyncio.get_running_loop()

@@ -19,6 +19,8 @@ def detached_args(options: ServeOptions) -> list[str]:
         options.log_level,
         "--max-body-mb",
         str(options.max_body_bytes / (1024 * 1024)),
+        "--shutdown-grace",
+        str(options.shutdown_grace),
     ]
     if options.adapter:
         args += ["--adapter", options.adapter]
