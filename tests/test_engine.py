@@ -195,7 +195,7 @@ def test_tool_call_parsed_from_real_tokens(tiny_loaded):
     processor = OutputProcessor(tiny_loaded, prepared)
     events = []
     ids = tok.encode(reply)
-    for i, token in enumerate(ids):
+    for token in ids:
         events += processor.on_step(TokenStep(token, finish_reason=None))
     eos = sorted(tok.eos_token_ids)[0]
     events += processor.on_step(TokenStep(eos, finish_reason="stop"))
