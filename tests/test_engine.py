@@ -219,3 +219,19 @@ def test_max_tokens_clamped_to_context(tiny_loaded):
     prepared = prepare(tiny_loaded, GenerationRequest(prompt="hello", max_tokens=10**9))
     assert prepared.engine_request.max_tokens < tiny_loaded.context_length
     assert prepared.max_tokens_clamped_from == 10**9
+
+
+def test_inputs_the_fuzzer_found(tiny_loaded):
+    """Each of these once failed inside the shared batch step or the tokenizer."""
+    bias = no_eos(tiny_loaded)
+    odd = [
+        chat("x", max_tokens=3, temperature=0.5, top_k=10**6, logit_bias=bias),  # top_k > vocab
+        chat("x", max_tokens=3, temperature=0.5, seed=-(2**60), logit_bias=bias),  # negative seed
+        chat("hi \ud83d there", max_tokens=3, logit_bias=bias),  # a lone surrogate
+        chat("x", max_tokens=3, repetition_penalty=5e-324, logprobs=True, top_logprobs=2),
+    ]
+    for req in odd:
+        result = collect(run(tiny_loaded, req))
+        assert result.done.finish_reason in ("length", "stop")
+        for entry in result.logprobs:
+            assert entry["logprob"] > float("-inf")

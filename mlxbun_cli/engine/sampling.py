@@ -27,7 +27,7 @@ def make_request_sampler(options: SamplingOptions, special_tokens: list[int]) ->
     if options.temperature <= 0:
         return greedy_sampler
     seed = options.seed if options.seed is not None else random.getrandbits(32)
-    state = {"key": mx.random.key(seed)}
+    state = {"key": mx.random.key(seed & 0xFFFF_FFFF_FFFF_FFFF)}  # any int, even negative
     temp = options.temperature
     top_p, top_k, min_p = options.top_p, options.top_k, options.min_p
     xtc_p, xtc_t = options.xtc_probability, options.xtc_threshold

@@ -9,6 +9,7 @@ event loop.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -95,6 +96,10 @@ def prepare(
             max_tokens = room
             clamped_from = asked if req.max_tokens else None
     sampling = opts.sampling_for(req, loaded.defaults, thinking)
+    if sampling.top_k >= loaded.vocab_size:
+        # top_k over the vocabulary keeps every token: the same as no top_k, and
+        # mlx-lm's top-k kernel refuses it (inside the shared batch step).
+        sampling = replace(sampling, top_k=0)
     if sampling.temperature > 0 and sampling.seed is None:
         # Pick the seed here so it can be reported and replayed.
         sampling = replace(sampling, seed=random.getrandbits(31))
@@ -197,8 +202,18 @@ class OutputProcessor:
 
     def _logprob_event(self, step: TokenStep) -> TokenLogprob:
         decode = self._tokenizer.decode
-        top = [(decode([t]), lp) for t, lp in step.top_logprobs] if step.top_logprobs else None
-        return TokenLogprob(step.token, decode([step.token]), float(step.logprob), top)
+        top = (
+            [(decode([t]), finite_logprob(lp)) for t, lp in step.top_logprobs]
+            if step.top_logprobs
+            else None
+        )
+        return TokenLogprob(step.token, decode([step.token]), finite_logprob(step.logprob), top)
+
+
+def finite_logprob(value: float | None) -> float:
+    """-inf/NaN (from extreme penalties or biases) as OpenAI's -9999.0: JSON has no inf."""
+    value = float(value) if value is not None else float("nan")
+    return value if math.isfinite(value) else -9999.0
 
 
 class Generation:

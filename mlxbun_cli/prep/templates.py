@@ -109,7 +109,12 @@ def _needs_generation_prompt(messages: list[dict[str, Any]]) -> bool:
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """Encode, dropping the duplicate BOS a template plus a tokenizer can make."""
-    ids = list(tokenizer.encode(text))
+    # Lone surrogates (valid JSON escapes, invalid text) become U+FFFD.
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    try:
+        ids = list(tokenizer.encode(text))
+    except Exception as exc:  # a tokenizer that rejects the text: the input's fault
+        raise OptionError("prompt", f"could not be tokenized: {exc}") from exc
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
         ids = ids[1:]
