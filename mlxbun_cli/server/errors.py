@@ -1,8 +1,10 @@
-"""Errors as the OpenAI error object, for every path: bad input, 404, 413, 5xx."""
+"""Errors in each wire's own shape (OpenAI by default), for every path: 4xx and 5xx."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -15,6 +17,23 @@ from mlxbun_cli.protocols.openai import error_body
 log = logging.getLogger("mlxbun.server")
 
 
+ErrorShape = Callable[[str, str, "str | None", "str | None"], dict[str, Any]]
+
+# Each wire answers errors in its own shape; routes register theirs by path prefix.
+ERROR_SHAPES: dict[str, ErrorShape] = {}
+
+
+def register_error_shape(prefix: str, shape: ErrorShape) -> None:
+    ERROR_SHAPES[prefix] = shape
+
+
+def shape_for(path: str | None) -> ErrorShape:
+    for prefix, shape in ERROR_SHAPES.items():
+        if path and path.startswith(prefix):
+            return shape
+    return error_body
+
+
 def error_response(
     status: int,
     message: str,
@@ -22,13 +41,18 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     headers: dict[str, str] | None = None,
+    path: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
+    """The error object in the shape of the wire `path` belongs to (OpenAI by default)."""
+    body = shape_for(path)(message, type, param, code)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def wire_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, WireError)
-    return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+    return error_response(
+        exc.status, exc.message, exc.type, exc.param, exc.code, path=request.url.path
+    )
 
 
 async def mlxbun_error(request: Request, exc: Exception) -> JSONResponse:
@@ -48,9 +72,13 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     message = {404: f"no route for {request.method} {request.url.path}"}.get(
         exc.status_code, str(exc.detail)
     )
-    return error_response(exc.status_code, message, kind, headers=getattr(exc, "headers", None))
+    return error_response(
+        exc.status_code, message, kind, headers=getattr(exc, "headers", None), path=request.url.path
+    )
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path)
-    return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
+    return error_response(
+        500, f"internal error: {type(exc).__name__}", "server_error", path=request.url.path
+    )

@@ -6,15 +6,16 @@ import hmac
 import json
 from typing import Any
 
-from mlxbun_cli.protocols.openai import error_body
 
 Scope = dict[str, Any]
 
 
 async def _send_error(
-    send: Any, status: int, message: str, type: str, headers: list | None = None
+    path: str, send: Any, status: int, message: str, type: str, headers: list | None = None
 ) -> None:
-    body = json.dumps(error_body(message, type)).encode()
+    from mlxbun_cli.server.errors import shape_for
+
+    body = json.dumps(shape_for(path)(message, type, None, None)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -52,6 +53,7 @@ class ApiKeyMiddleware:
         )
         if not hmac.compare_digest(given, self.expected):
             return await _send_error(
+                scope["path"],
                 send,
                 401,
                 "missing or wrong API key: send Authorization: Bearer KEY",
@@ -74,7 +76,11 @@ class BodyLimitMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await _send_error(
-                send, 413, f"request body over {self.max_bytes} bytes", "request_too_large"
+                scope["path"],
+                send,
+                413,
+                f"request body over {self.max_bytes} bytes",
+                "request_too_large",
             )
         seen = 0
         started = False
@@ -99,7 +105,11 @@ class BodyLimitMiddleware:
         except _TooLarge:
             if not started:
                 await _send_error(
-                    send, 413, f"request body over {self.max_bytes} bytes", "request_too_large"
+                    scope["path"],
+                    send,
+                    413,
+                    f"request body over {self.max_bytes} bytes",
+                    "request_too_large",
                 )
 
 
