@@ -6,7 +6,6 @@ import hmac
 import json
 from typing import Any
 
-
 Scope = dict[str, Any]
 
 
