@@ -35,6 +35,9 @@ SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("prompt_cache_entries", int, 16, "entry cap of the prompt-prefix KV cache"),
     SettingSpec("enable_thinking", bool, None, "server default for thinking (unset: model's)"),
     SettingSpec("api_key", str, None, "key every server route requires", secret=True),
+    SettingSpec(
+        "constrained_decoding", bool, True, "enforce response_format / grammar / tool_choice"
+    ),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 

@@ -46,6 +46,7 @@ class LocalBackend:
         default_max_tokens: int | None = None,
         cache_bytes: int = 1 << 30,
         cache_entries: int = 16,
+        constrained_decoding: bool = True,
     ) -> None:
         from mlxbun_cli.catalog import resolve
 
@@ -53,6 +54,7 @@ class LocalBackend:
         self._adapter = adapter
         self._server_thinking = server_thinking
         self._default_max_tokens = default_max_tokens
+        self._constrained = constrained_decoding
         self._scheduler_options = {"cache_bytes": cache_bytes, "cache_entries": cache_entries}
         self._loaded: Any = None
 
@@ -86,6 +88,7 @@ class LocalBackend:
             req,
             server_thinking=self._server_thinking,
             default_max_tokens=self._default_max_tokens,
+            constrained_decoding=self._constrained,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -99,6 +99,7 @@ def serve(
         cache_entries=settings.prompt_cache_entries,
         log_level=log_level,
         shutdown_grace=shutdown_grace,
+        constrained_decoding=settings.constrained_decoding,
     )
     if detach:
         from mlxbun_cli.client import daemon

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxbun_cli.engine.loader import LoadedModel
 from mlxbun_cli.engine.types import EngineRequest, Finished, TokenStep
 from mlxbun_cli.errors import OptionError
+from mlxbun_cli.prep import grammar
 from mlxbun_cli.prep import options as opts
 from mlxbun_cli.prep.events import (
     Done,
@@ -47,6 +48,7 @@ class PreparedRequest:
     enable_thinking: bool | None
     prompt_text: str
     max_tokens_clamped_from: int | None  # the asked-for value when it was lowered
+    warnings: list[str] = field(default_factory=list)  # e.g. a grammar that did not compile
 
 
 def prepare(
@@ -55,10 +57,24 @@ def prepare(
     *,
     server_thinking: bool | None = None,
     default_max_tokens: int | None = None,
+    constrained_decoding: bool = True,
 ) -> PreparedRequest:
     validate(req)
     tokenizer = loaded.tokenizer
     tools = validate_tools(req.tools)
+    if req.tool_choice == "none":
+        tools = None
+    constraints = [
+        c
+        for c in (
+            grammar.from_tool_choice(req.tool_choice, tools),
+            grammar.from_response_format(req.response_format),
+            grammar.from_grammar_field(req.grammar),
+        )
+        if c is not None
+    ]
+    if len(constraints) > 1:
+        raise OptionError(constraints[1].field, f"cannot be combined with {constraints[0].field}")
     thinking = opts.resolve_enable_thinking(req, loaded.defaults, server_thinking)
     if req.messages is not None:
         extra = dict(req.chat_template_kwargs)
@@ -103,6 +119,14 @@ def prepare(
     if sampling.temperature > 0 and sampling.seed is None:
         # Pick the seed here so it can be reported and replayed.
         sampling = replace(sampling, seed=random.getrandbits(31))
+    warnings: list[str] = []
+    processors: list[Any] = []
+    if constraints and not constrained_decoding:
+        warnings.append(f"{constraints[0].field} ignored: constrained decoding is turned off")
+    elif constraints:
+        processor, warning = grammar.compile_constraint(loaded, constraints[0])
+        processors = [processor] if processor is not None else []
+        warnings += [warning] if warning else []
     engine_request = EngineRequest(
         prompt_tokens=tokens,
         max_tokens=max_tokens,
@@ -111,6 +135,7 @@ def prepare(
         top_logprobs=int(req.top_logprobs or 0),
         want_logprobs=bool(req.logprobs or req.top_logprobs),
         cache_key=(loaded.adapter, req.session_id),
+        logits_processors=processors,
     )
     return PreparedRequest(
         engine_request=engine_request,
@@ -121,6 +146,7 @@ def prepare(
         enable_thinking=thinking,
         prompt_text=text,
         max_tokens_clamped_from=clamped_from,
+        warnings=warnings,
     )
 
 

@@ -38,6 +38,9 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_effort: str | None = None
     session_id: str | None = None
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...}
+    response_format: dict[str, Any] | None = None  # OpenAI chat response_format
+    grammar: Any = None  # a Lark string or {"type": lark|regex|json_schema, "value": ...}
 
     @property
     def explicit_thinking(self) -> Any:

@@ -129,11 +129,9 @@ def parse_chat(body: Any) -> tuple[str | None, GenerationRequest, bool, bool]:
         raise WireError("reasoning_effort must be a string", "reasoning_effort")
     tools = body.get("tools")
     tool_choice = body.get("tool_choice")
-    if tool_choice == "none":
-        tools = None
     fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise WireError("response_format other than text is not supported yet", "response_format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise WireError("response_format must be an object", "response_format")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise WireError("logprobs must be a boolean", "logprobs")
@@ -147,6 +145,9 @@ def parse_chat(body: Any) -> tuple[str | None, GenerationRequest, bool, bool]:
         reasoning_effort=effort,
         logprobs=bool(logprobs),
         top_logprobs=int(top or 0) if logprobs else 0,
+        tool_choice=tool_choice,
+        response_format=fmt,
+        grammar=body.get("grammar"),
         **fields,
     )
     return _model(body), req, bool(body.get("stream")), _include_usage(body)
@@ -165,6 +166,8 @@ def parse_completion(body: Any) -> tuple[str | None, GenerationRequest, bool, bo
         raise WireError("logprobs must be an integer from 0 to 20", "logprobs")
     req = GenerationRequest(
         prompt=prompt,
+        grammar=body.get("grammar"),
+        response_format=body.get("response_format"),
         logprobs=logprobs is not None,
         top_logprobs=int(logprobs or 0),
         **fields,

@@ -13,7 +13,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from mlxbun_cli.catalog import known_models
 from mlxbun_cli.client.results import Collected
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob, ToolCallEvent
-from mlxbun_cli.prep.pipeline import prepare
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
 from mlxbun_cli.server.bridge import stream_events
@@ -53,6 +52,16 @@ def ready_or_error(state: ServerState) -> JSONResponse | None:
 
 def _headers(prepared: Any) -> dict[str, str]:
     headers = {}
+    if prepared.warnings:
+        # RFC 7234 warn-code 299 ("miscellaneous persistent warning"); quotes escaped.
+        headers["Warning"] = (
+            ", ".join(
+                '299 mlxbun "' + w.replace("\\", "").replace('"', "'") + '"'
+                for w in prepared.warnings
+            )
+            .encode("ascii", "replace")
+            .decode("ascii")
+        )
     if prepared.max_tokens_clamped_from:
         headers["X-Max-Tokens-Clamped"] = (
             f"{prepared.max_tokens_clamped_from}->{prepared.engine_request.max_tokens}"
@@ -70,12 +79,7 @@ async def _generate(
     if not_ready is not None:
         return not_ready
     state.counters.requests += 1
-    prepared = prepare(
-        state.loaded,
-        req,
-        server_thinking=state.options.enable_thinking,
-        default_max_tokens=state.options.default_max_tokens,
-    )
+    prepared = state.prepare(req)
     model_id = state.loaded.id
     events = stream_events(state, prepared)
     if stream:

@@ -25,6 +25,7 @@ class ServeOptions:
     cache_bytes: int = 1 << 30
     cache_entries: int = 16
     shutdown_grace: float = 5.0
+    constrained_decoding: bool = True
     log_level: str = "info"
 
 
@@ -54,6 +55,18 @@ class ServerState:
         if self.load_error:
             return "error"
         return "ok" if self.loaded is not None else "loading"
+
+    def prepare(self, req: Any) -> Any:
+        """Shared prep with this server's defaults: every wire calls this."""
+        from mlxbun_cli.prep.pipeline import prepare
+
+        return prepare(
+            self.loaded,
+            req,
+            server_thinking=self.options.enable_thinking,
+            default_max_tokens=self.options.default_max_tokens,
+            constrained_decoding=self.options.constrained_decoding,
+        )
 
     def start_loading(self) -> None:
         def load() -> None:

@@ -73,6 +73,7 @@ def open_backend(
         default_max_tokens=settings.max_tokens,
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
+        constrained_decoding=settings.constrained_decoding,
     )
 
 
