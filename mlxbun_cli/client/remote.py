@@ -50,6 +50,8 @@ def request_body(req: GenerationRequest, model: str | None) -> tuple[str, dict[s
         body["stop"] = req.stop
     if req.session_id:
         body["session_id"] = req.session_id
+    if req.grammar is not None:
+        body["grammar"] = req.grammar
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     if req.messages is None:
@@ -60,6 +62,10 @@ def request_body(req: GenerationRequest, model: str | None) -> tuple[str, dict[s
     body["messages"] = req.messages
     if req.tools:
         body["tools"] = req.tools
+    if req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    if req.response_format is not None:
+        body["response_format"] = req.response_format
     if req.chat_template_kwargs:
         body["chat_template_kwargs"] = req.chat_template_kwargs
     if req.reasoning_effort:

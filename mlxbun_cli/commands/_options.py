@@ -128,6 +128,33 @@ Remote = Annotated[
     ),
 ]
 System = Annotated[str | None, typer.Option("--system", "-s", help="System prompt.")]
+JsonSchemaFile = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        help="Constrain replies to JSON valid against this JSON-schema file.",
+        rich_help_panel="Structure",
+        show_default=False,
+    ),
+]
+ToolsFile = Annotated[
+    str | None,
+    typer.Option(
+        "--tools",
+        help="A JSON file with an OpenAI tool list the model may call.",
+        rich_help_panel="Structure",
+        show_default=False,
+    ),
+]
+ToolChoice = Annotated[
+    str | None,
+    typer.Option(
+        "--tool-choice",
+        help="auto (default), none, required, or a function name to force.",
+        rich_help_panel="Structure",
+        show_default=False,
+    ),
+]
 
 
 def sampling_fields(

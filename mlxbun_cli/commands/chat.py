@@ -34,6 +34,9 @@ def chat(
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
     adapter: o.Adapter = None,
+    json_schema: o.JsonSchemaFile = None,
+    tools: o.ToolsFile = None,
+    tool_choice: o.ToolChoice = None,
     local: o.Local = False,
     remote: o.Remote = None,
     hide_thinking: Annotated[
@@ -58,7 +61,7 @@ def chat(
 
     from mlxbun_cli import chat_ui, render
     from mlxbun_cli.chat_session import ChatSession
-    from mlxbun_cli.services.generate import open_backend
+    from mlxbun_cli.services.generate import open_backend, structure_fields
 
     fields = o.sampling_fields(
         temperature=temperature,
@@ -77,6 +80,7 @@ def chat(
         think=think,
         reasoning_effort=reasoning_effort,
     )
+    fields.update(structure_fields(json_schema, tools, tool_choice))
     session = ChatSession(fields=fields, system=system, show_thinking=not hide_thinking)
     backend = open_backend(model, adapter=adapter, local=local, remote=remote)
     try:

@@ -62,6 +62,9 @@ def generate(
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
     adapter: o.Adapter = None,
+    json_schema: o.JsonSchemaFile = None,
+    tools: o.ToolsFile = None,
+    tool_choice: o.ToolChoice = None,
     local: o.Local = False,
     remote: o.Remote = None,
 ) -> None:
@@ -77,7 +80,12 @@ def generate(
         echo "Summarise this" | mlxbun generate demo - --json
     """
     from mlxbun_cli import render
-    from mlxbun_cli.services.generate import build_request, open_backend, read_prompt
+    from mlxbun_cli.services.generate import (
+        build_request,
+        open_backend,
+        read_prompt,
+        structure_fields,
+    )
 
     fields = o.sampling_fields(
         temperature=temperature,
@@ -96,6 +104,7 @@ def generate(
         think=think,
         reasoning_effort=reasoning_effort,
     )
+    fields.update(structure_fields(json_schema, tools, tool_choice))
     if prompt is None and model is not None:
         model, prompt = None, model  # one argument: the prompt, with the default model
     request = build_request(

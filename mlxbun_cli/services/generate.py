@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -20,6 +21,50 @@ def read_prompt(prompt: str | None) -> str:
     if not prompt.strip():
         raise InputError("the prompt is empty")
     return prompt
+
+
+def load_json_file(path: str, option: str) -> Any:
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{option}: no such file {file}") from None
+    except OSError as exc:
+        raise InputError(f"{option}: cannot read {file}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InputError(f"{option}: {file} is not valid JSON: {exc}") from None
+
+
+def structure_fields(
+    json_schema: str | None, tools: str | None, tool_choice: str | None
+) -> dict[str, Any]:
+    """--json-schema / --tools / --tool-choice → request fields."""
+    from mlxbun_cli.prep.grammar import from_response_format
+    from mlxbun_cli.prep.tools import validate_tools
+
+    out: dict[str, Any] = {}
+    if json_schema:
+        schema = load_json_file(json_schema, "--json-schema")
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
+        from_response_format(out["response_format"])  # a bad schema fails before the model loads
+    if tools:
+        listed = load_json_file(tools, "--tools")
+        if isinstance(listed, dict) and "tools" in listed:
+            listed = listed["tools"]
+        out["tools"] = validate_tools(listed)
+    if tool_choice:
+        if tool_choice in ("auto", "none", "required"):
+            out["tool_choice"] = tool_choice
+        else:
+            out["tool_choice"] = {"type": "function", "function": {"name": tool_choice}}
+        if not tools:
+            raise InputError("--tool-choice needs --tools")
+    return out
 
 
 def build_request(
