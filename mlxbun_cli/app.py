@@ -11,7 +11,7 @@ import sys
 import typer
 
 from mlxbun_cli import __version__
-from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, serve
+from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, models, serve
 
 app = typer.Typer(
     name="mlxbun",
@@ -45,23 +45,48 @@ app.command("chat")(chat.chat)
 app.command("serve")(serve.serve)
 app.add_typer(daemon_cmd.app, name="daemon")
 app.add_typer(config_cmd.app, name="config")
+app.add_typer(models.app, name="models")
+
+
+def _click_exceptions():
+    try:  # typer >= 0.20 vendors click
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover
+        from click import exceptions
+    return exceptions
 
 
 def main() -> None:
     from mlxbun_cli.errors import MlxbunError
 
+    cx = _click_exceptions()
+
     try:
-        app()
+        code = app(standalone_mode=False)
     except MlxbunError as exc:
         from mlxbun_cli import ui
 
         ui.print_error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except cx.NoArgsIsHelpError:  # help was shown: nothing failed
+        sys.exit(0)
+    except cx.UsageError as exc:  # bad flags and values: one line, exit 2
+        from mlxbun_cli import ui
+
+        path = exc.ctx.command_path if exc.ctx is not None else "mlxbun"
+        ui.print_error(exc.format_message(), f"`{path} --help` shows the options")
+        sys.exit(2)
+    except cx.ClickException as exc:
+        from mlxbun_cli import ui
+
+        ui.print_error(exc.format_message())
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, cx.Abort):
         sys.exit(130)
     except BrokenPipeError:
         sys.stderr.close()
         sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,14 @@
 """Which models are known locally, and how a name the user typed resolves to one.
 
+Four places hold models, looked at in this order (the first of a name wins):
+
+* the demo model, `demo`, always offered (built into the cache on first use);
+* registered directories: `config_dir/models.json`, `{name: path}`, written by
+  `mlxbun models add PATH`;
+* `data_dir/models/NAME/`: models mlxbun made itself;
+* the Hugging Face hub cache: `models--ORG--NAME/snapshots/REV/`, the snapshot
+  `refs/main` points at, else the newest one with a config.json.
+
 Import-light on purpose: shell completion and `models list` use it.
 """
 
@@ -7,7 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxbun_cli import paths
@@ -30,6 +40,21 @@ class ModelRef:
     @property
     def is_demo(self) -> bool:
         return self.source == "demo"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A catalog entry that cannot be offered, and why."""
+
+    id: str
+    path: Path
+    reason: str
+
+
+@dataclass
+class Scan:
+    refs: list[ModelRef] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
 
 
 def hf_cache_dir() -> Path:
@@ -55,21 +80,39 @@ def _hf_snapshot(repo_dir: Path) -> Path | None:
     return max(found, key=lambda s: s.stat().st_mtime) if found else None
 
 
-def hf_cached_models() -> list[ModelRef]:
-    root = hf_cache_dir()
-    refs = []
+def hf_repo_id(repo_dir: Path) -> str:
+    """`models--org--name` -> `org/name` (a name of its own may contain `--`)."""
+    return repo_dir.name[len("models--") :].replace("--", "/", 1)
+
+
+def hf_repo_dir(repo_id: str) -> Path:
+    return hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+
+
+def _hf_scan(scan: Scan) -> None:
     try:
-        entries = sorted(root.iterdir())
+        entries = sorted(hf_cache_dir().iterdir())
     except OSError:
-        return []
+        return
     for entry in entries:
         if not entry.name.startswith("models--"):
             continue
+        repo_id = hf_repo_id(entry)
         snapshot = _hf_snapshot(entry)
         if snapshot is not None:
-            repo_id = entry.name[len("models--") :].replace("--", "/", 1)
-            refs.append(ModelRef(repo_id, snapshot, "hf-cache"))
-    return refs
+            scan.refs.append(ModelRef(repo_id, snapshot, "hf-cache"))
+        else:
+            scan.skipped.append(
+                Skipped(
+                    repo_id, entry, "no snapshot with a readable config.json (broken download?)"
+                )
+            )
+
+
+def hf_cached_models() -> list[ModelRef]:
+    scan = Scan()
+    _hf_scan(scan)
+    return scan.refs
 
 
 def data_dir_models() -> list[ModelRef]:
@@ -85,26 +128,87 @@ def registry_file() -> Path:
     return paths.config_dir() / "models.json"
 
 
-def registered_models() -> list[ModelRef]:
+def _read_registry() -> dict[str, str]:
     try:
         data = json.loads(registry_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    refs = []
-    for name, path in data.items() if isinstance(data, dict) else []:
-        refs.append(ModelRef(str(name), Path(path), "registered"))
-    return refs
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _write_registry(data: dict[str, str]) -> None:
+    path = paths.ensure(paths.config_dir()) / registry_file().name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def registered_models() -> list[ModelRef]:
+    return [ModelRef(name, Path(path), "registered") for name, path in _read_registry().items()]
+
+
+def register(path: Path, name: str | None = None) -> ModelRef:
+    """Remember a model directory under a name (its folder name by default)."""
+    path = path.expanduser().resolve()
+    read_model_config(path)
+    name = (name or path.name).strip()
+    if not name or name == DEMO_ID or name.startswith((".", "/", "~")):
+        raise InputError(f"'{name}' cannot name a model", hint="pick a plain name, e.g. my-model")
+    registry = _read_registry()
+    if registry.get(name) not in (None, str(path)):
+        raise InputError(
+            f"'{name}' is already registered for {registry[name]}",
+            hint=f"pick another with --name, or `mlxbun models forget {name}` first",
+        )
+    registry[name] = str(path)
+    _write_registry(registry)
+    return ModelRef(name, path, "registered")
+
+
+def unregister(name: str) -> ModelRef:
+    """Forget a registered name; the directory itself is never touched."""
+    registry = _read_registry()
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "none"
+        raise ModelNotFoundError(f"no registered model named '{name}' (registered: {known})")
+    path = registry.pop(name)
+    _write_registry(registry)
+    return ModelRef(name, Path(path), "registered")
+
+
+def _demo_ref() -> ModelRef:
+    return ModelRef(DEMO_ID, paths.demo_model_dir(), "demo")
+
+
+def _first_of_each_id(refs: list[ModelRef]) -> list[ModelRef]:
+    seen: set[str] = set()
+    unique = []
+    for ref in refs:
+        if ref.id not in seen:
+            seen.add(ref.id)
+            unique.append(ref)
+    return unique
 
 
 def known_models() -> list[ModelRef]:
     """Every model found locally; the demo model is always offered."""
-    refs = [ModelRef(DEMO_ID, paths.demo_model_dir(), "demo")]
-    seen = {DEMO_ID}
-    for ref in registered_models() + data_dir_models() + hf_cached_models():
-        if ref.id not in seen:
-            seen.add(ref.id)
-            refs.append(ref)
-    return refs
+    return _first_of_each_id(
+        [_demo_ref(), *registered_models(), *data_dir_models(), *hf_cached_models()]
+    )
+
+
+def scan() -> Scan:
+    """`known_models`, plus the entries that cannot be used and why."""
+    result = Scan(refs=[_demo_ref()])
+    for ref in registered_models():
+        if (ref.path / "config.json").is_file():
+            result.refs.append(ref)
+        else:
+            result.skipped.append(Skipped(ref.id, ref.path, "registered path has no config.json"))
+    result.refs.extend(data_dir_models())
+    _hf_scan(result)
+    result.refs = _first_of_each_id(result.refs)
+    return result
 
 
 def read_model_config(path: Path) -> dict:
@@ -129,6 +233,12 @@ def _looks_like_path(name: str) -> bool:
 
 def resolve(name: str | None, default: str | None = None) -> ModelRef:
     """Turn what the user typed into a model directory, or say clearly why not."""
+    ref = find(name, default)
+    return ensure_demo() if ref.is_demo else ref
+
+
+def find(name: str | None, default: str | None = None) -> ModelRef:
+    """`resolve` without building the demo model: for commands that only look."""
     name = (name or default or "").strip()
     if not name:
         raise InputError(
@@ -137,7 +247,7 @@ def resolve(name: str | None, default: str | None = None) -> ModelRef:
             "`mlxbun config set default_model NAME`; `mlxbun models list` shows local models",
         )
     if name == DEMO_ID:
-        return ensure_demo()
+        return _demo_ref()
     candidate = Path(name).expanduser()
     if candidate.is_dir():
         read_model_config(candidate)
@@ -147,15 +257,14 @@ def resolve(name: str | None, default: str | None = None) -> ModelRef:
     known = known_models()
     for ref in known:
         if ref.id == name:
-            return ensure_demo() if ref.is_demo else ref
+            return ref
     matches = [ref for ref in known if name.lower() in ref.id.lower()]
     if len(matches) == 1:
-        ref = matches[0]
-        return ensure_demo() if ref.is_demo else ref
+        return matches[0]
     if len(matches) > 1:
         raise AmbiguousModelError(name, [m.id for m in matches])
     if name.count("/") == 1:
-        hint = f"download it first: `hf download {name}` (or pass a local directory)"
+        hint = f"download it first: `mlxbun models pull {name}` (or pass a local directory)"
     else:
         hint = "`mlxbun models list` shows local models; `demo` is always available"
     raise ModelNotFoundError(f"no local model matches '{name}'", hint=hint)
@@ -169,3 +278,41 @@ def ensure_demo() -> ModelRef:
 
         build_demo_model(target)
     return ModelRef(DEMO_ID, target, "demo")
+
+
+@dataclass(frozen=True)
+class Removal:
+    ref: ModelRef
+    action: str  # "deleted" or "unregistered"
+    paths: tuple[Path, ...]  # what was deleted (or, unregistered, what was left alone)
+
+
+def removal_targets(ref: ModelRef) -> tuple[Path, ...]:
+    """What `remove` deletes for this model; empty for one mlxbun must not delete."""
+    if ref.source == "hf-cache":
+        repo_dir = ref.path.parent.parent
+        return (repo_dir, hf_cache_dir() / ".locks" / repo_dir.name)
+    if ref.source in ("data-dir", "demo"):
+        return (ref.path,)
+    return ()
+
+
+def remove(ref: ModelRef) -> Removal:
+    """Delete a cached model's files, or only forget a registered one."""
+    if ref.source == "registered":
+        unregister(ref.id)
+        return Removal(ref, "unregistered", (ref.path,))
+    targets = removal_targets(ref)
+    if not targets:
+        raise InputError(
+            f"{ref.path} is a directory mlxbun did not download; it is left alone",
+            hint="delete it yourself, or register it with `mlxbun models add`",
+        )
+    if ref.source == "hf-cache" and not targets[0].name.startswith("models--"):
+        raise InputError(f"{targets[0]} does not look like a hub cache repo; not deleting it")
+    for target in targets:
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+    return Removal(ref, "deleted", targets)

@@ -20,7 +20,11 @@ def run_piped(backend: Backend, session: ChatSession, stdin: TextIO) -> None:
         if not text.strip():
             continue
         if text.startswith("/"):
-            result = session.handle(text)
+            try:
+                result = session.handle(text)
+            except MlxbunError as exc:  # a bad command costs its line, not the chat
+                ui.print_error(exc.message, exc.hint)
+                continue
             if result.message:
                 ui.note(result.message)
             if result.exit:

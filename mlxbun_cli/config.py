@@ -152,7 +152,11 @@ def set_in_file(name: str, raw_value: str | None, path: Path | None = None) -> N
         values[name] = coerce(SPEC_BY_NAME[name], raw_value, "command line")
     paths.ensure(path.parent)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(_dump_toml(values), encoding="utf-8")
+    # 0600: the file may hold the API key.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(_dump_toml(values))
+    os.chmod(tmp, 0o600)
     tmp.replace(path)
 
 

@@ -62,3 +62,12 @@ def start_server(
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
+
+
+def worker_stats(server: Server) -> dict:
+    """The engine-side /stats: the server's own, or (isolated mode) its current worker's."""
+    stats = httpx.get(server.url + "/stats", timeout=5).json()
+    if stats.get("mode") != "isolated":
+        return stats
+    current = stats["residency"]["current"]
+    return stats["workers"][current] or {}

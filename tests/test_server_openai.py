@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+from serverutil import worker_stats
 
 USER = [{"role": "user", "content": "Tell me something"}]
 
@@ -151,7 +152,12 @@ def test_models_health_stats_openapi(server):
     assert "demo" in ids
     assert httpx.get(server.url + "/v1/models/no-such-model").status_code == 404
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
-    stats = httpx.get(server.url + "/stats").json()
+    parent = httpx.get(server.url + "/stats").json()
+    assert parent["mode"] == "isolated" and parent["residency"]["current"] == current[0]["id"]
+    engine = httpx.get(server.url + "/engine").json()
+    [worker] = engine["workers"]
+    assert worker["state"] == "ready" and worker["pid"] and worker["memory"]["active_bytes"] > 0
+    stats = worker_stats(server)
     for key in ("requests", "uptime_s", "engine", "prompt_cache", "memory"):
         assert key in stats
     assert {"queue_depth", "cache_hits", "generated_tokens"} <= set(stats["engine"])
@@ -215,7 +221,7 @@ def test_sdk_raises_a_proper_error(openai_client):
 
 
 def _stats(server):
-    return httpx.get(server.url + "/stats").json()
+    return worker_stats(server)
 
 
 def test_client_disconnect_cancels_the_sequence(server, no_eos_bias):
@@ -257,7 +263,7 @@ def test_concurrent_streams_share_the_batch(server, no_eos_bias):
         stream = client.chat.completions.create(
             model="x",
             messages=[{"role": "user", "content": f"request {i}"}],
-            max_tokens=60,
+            max_tokens=400,
             temperature=0,
             logit_bias=no_eos_bias,
             stream=True,

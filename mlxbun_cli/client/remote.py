@@ -110,6 +110,7 @@ class RemoteStream:
         self._body = body
         self._cancelled = threading.Event()
         self._response: Any = None
+        self._started = False
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -121,6 +122,14 @@ class RemoteStream:
                 pass
 
     def __iter__(self) -> Iterator[OutputEvent]:
+        if self._started:
+            # Iterated again after an interrupt: the request is over, never resent.
+            yield Done("cancelled", Usage(), [], None, None)
+            return
+        self._started = True
+        yield from self._events()
+
+    def _events(self) -> Iterator[OutputEvent]:
         import httpx
 
         url = self._backend.url

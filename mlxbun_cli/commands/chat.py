@@ -82,6 +82,7 @@ def chat(
     )
     fields.update(structure_fields(json_schema, tools, tool_choice))
     session = ChatSession(fields=fields, system=system, show_thinking=not hide_thinking)
+    session.request_for("check")  # bad flags fail before the model loads
     backend = open_backend(model, adapter=adapter, local=local, remote=remote)
     try:
         render.model_banner(backend.model_info())

@@ -57,8 +57,11 @@ def set_(
     from mlxbun_cli import ui
     from mlxbun_cli.config import set_in_file
 
+    from mlxbun_cli.config import SPEC_BY_NAME
+
     set_in_file(name, value)
-    ui.note(f"{name} = {value} saved")
+    shown = "(set)" if name in SPEC_BY_NAME and SPEC_BY_NAME[name].secret else value
+    ui.note(f"{name} = {shown} saved")
 
 
 @app.command("unset")

@@ -58,6 +58,36 @@ def serve(
             help="On SIGTERM/SIGINT, seconds in-flight streams get before they are cancelled.",
         ),
     ] = 5.0,
+    in_process: Annotated[
+        bool,
+        typer.Option(
+            "--in-process",
+            help="Load the model in this process instead of isolated worker processes.",
+        ),
+    ] = False,
+    memory_budget: Annotated[
+        Optional[str],
+        typer.Option(
+            "--memory-budget",
+            help="Memory for resident models, e.g. 12GB (default: 75% of RAM).",
+            show_default=False,
+        ),
+    ] = None,
+    max_models: Annotated[
+        int, typer.Option("--max-models", help="Most models resident at once.", min=1)
+    ] = 2,
+    pin: Annotated[
+        Optional[list[str]],
+        typer.Option("--pin", help="Keep this model resident (repeatable).", show_default=False),
+    ] = None,
+    keep_alive: Annotated[
+        Optional[str],
+        typer.Option(
+            "--keep-alive",
+            help="Unload a model idle this long (e.g. 5m, 300, -1 = never). Default: never.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over the OpenAI API on 127.0.0.1.
 
@@ -74,6 +104,7 @@ def serve(
     from mlxbun_cli import ui
     from mlxbun_cli.config import Settings
     from mlxbun_cli.server.state import ServeOptions
+    from mlxbun_cli.sizes import parse_size
 
     settings = Settings(
         {
@@ -100,6 +131,11 @@ def serve(
         log_level=log_level,
         shutdown_grace=shutdown_grace,
         constrained_decoding=settings.constrained_decoding,
+        isolated=not in_process,
+        memory_budget=parse_size(memory_budget, "--memory-budget") if memory_budget else None,
+        max_models=max_models,
+        pinned=list(pin or []),
+        keep_alive=_keep_alive(keep_alive),
     )
     if detach:
         from mlxbun_cli.client import daemon
@@ -119,3 +155,12 @@ def serve(
         ui.note(f"serving {ref.id} at {url} (OpenAI base_url {url}/v1) · Ctrl-C stops")
 
     run_server(options, settings.default_model, on_ready=ready)
+
+
+def _keep_alive(value: str | None) -> float | None:
+    if value is None:
+        return None
+    from mlxbun_cli.server.residency import parse_keep_alive
+
+    seconds = parse_keep_alive(value)
+    return None if seconds is None or seconds < 0 else seconds

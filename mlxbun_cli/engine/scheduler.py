@@ -51,6 +51,34 @@ class SchedulerStats:
     started_at: float = field(default_factory=time.time)
 
 
+class EventStream:
+    """The events of one request, in order, ending with Finished.
+
+    Not a generator on purpose: a KeyboardInterrupt while waiting leaves it
+    usable, so the caller can cancel and still drain to the final event.
+    """
+
+    def __init__(self, handle: Handle, events: queue.SimpleQueue) -> None:
+        self._handle = handle
+        self._events = events
+        self.finished = False
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> Event:
+        if self.finished:
+            raise StopIteration
+        event = self._events.get()
+        if isinstance(event, Finished):
+            self.finished = True
+        return event
+
+    def __del__(self) -> None:
+        if not self.finished:
+            self._handle.cancel()  # a consumer that walked away frees its slot
+
+
 class Handle:
     """The caller's side of one submitted request."""
 
@@ -121,22 +149,11 @@ class Scheduler:
         self._wake.set()
         return handle
 
-    def stream(self, request: EngineRequest) -> tuple[Handle, Iterator[Event]]:
+    def stream(self, request: EngineRequest) -> tuple[Handle, EventStream]:
         """Submit and iterate events in the calling thread."""
         events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         handle = self.submit(request, events.put)
-
-        def iterate() -> Iterator[Event]:
-            try:
-                while True:
-                    event = events.get()
-                    yield event
-                    if isinstance(event, Finished):
-                        return
-            finally:
-                handle.cancel()  # a consumer that stops early frees its slot
-
-        return handle, iterate()
+        return handle, EventStream(handle, events)
 
     @property
     def queue_depth(self) -> int:

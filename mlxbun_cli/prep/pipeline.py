@@ -254,14 +254,16 @@ class Generation:
         self._handle.cancel()
 
     def __iter__(self) -> Iterator[OutputEvent]:
+        # Re-iterable: after an interrupt, iterating again resumes where it was.
         processor = self.processor
         for event in self._steps:
             if isinstance(event, Finished):
                 yield from processor.on_finish(event)
                 return
-            yield from processor.on_step(event)
+            events = processor.on_step(event)
             if processor.stop_requested:
                 self._handle.cancel()
+            yield from events
 
 
 def run(

@@ -281,10 +281,10 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return out
 
 
-def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools the model is offered under `tool_choice`."""
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+    """→ (the tools offered, the neutral tool_choice)."""
     if value is None:
-        return tools
+        return tools, None
     choice = _object(value, "tool_choice")
     kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
@@ -296,16 +296,19 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> list[dict[st
             "tool_choice.disable_parallel_tool_use",
         )
     if kind == "none":
-        return None
-    if kind in ("any", "tool") and not tools:
+        return None, "none"
+    if kind == "auto":
+        return tools, "auto"
+    if not tools:
         raise WireError(f"tool_choice.type {kind!r} needs tools", "tool_choice")
-    if kind == "tool":
-        name = _string(choice.get("name"), "tool_choice.name", empty=False)
-        if name not in {t["function"]["name"] for t in tools or []}:
-            raise WireError(f"tool_choice.name {name!r} names no tool in tools", "tool_choice.name")
-    # "any" and "tool" are accepted with every tool offered: forcing a call is
-    # constrained decoding, which is done elsewhere (prep's grammar path), not here.
-    return tools
+    # "any" and "tool" force a call: prep turns the neutral choice into
+    # constrained decoding (prep/grammar.py), this wire only names it.
+    if kind == "any":
+        return tools, "required"
+    name = _string(choice.get("name"), "tool_choice.name", empty=False)
+    if name not in {t["function"]["name"] for t in tools}:
+        raise WireError(f"tool_choice.name {name!r} names no tool in tools", "tool_choice.name")
+    return tools, {"type": "function", "function": {"name": name}}
 
 
 def _thinking(value: Any) -> tuple[dict[str, Any], bool]:
@@ -367,6 +370,36 @@ def _max_tokens(body: dict[str, Any], required: bool) -> int | None:
     return value
 
 
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """output_config.format (structured outputs) → the neutral response_format."""
+    if value is None:
+        return None
+    fmt = _object(value, "output_config").get("format")
+    if fmt is None:
+        return None  # `effort` alone: a hint for hosted models, ignored
+    fmt = _object(fmt, "output_config.format")
+    if fmt.get("type") != "json_schema":
+        raise WireError(
+            "output_config.format.type must be json_schema", "output_config.format.type"
+        )
+    schema = _object(fmt.get("schema"), "output_config.format.schema")
+    return {"type": "json_schema", "json_schema": {"schema": schema}}
+
+
+# prep names the neutral fields; this wire's clients know them by these names.
+NEUTRAL_FIELDS = {
+    "response_format.json_schema.schema": "output_config.format.schema",
+    "response_format": "output_config.format",
+}
+
+
+def wire_field(field: str | None) -> str | None:
+    for neutral, ours in NEUTRAL_FIELDS.items():
+        if field and field.startswith(neutral):
+            return ours + field[len(neutral) :]
+    return field
+
+
 def parse_messages(body: Any, *, count_only: bool = False) -> MessagesRequest:
     """A /v1/messages body (or a count_tokens one, where max_tokens is optional)."""
     if not isinstance(body, dict):
@@ -377,11 +410,8 @@ def parse_messages(body: Any, *, count_only: bool = False) -> MessagesRequest:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise WireError("stream must be a boolean", "stream")
-    output = body.get("output_config")
-    if output is not None and _object(output, "output_config").get("format") is not None:
-        raise WireError("structured output is not supported yet", "output_config.format")
     kwargs, omit_thinking = _thinking(body.get("thinking"))
-    tools = _tool_choice(body.get("tool_choice"), _tools(body.get("tools")))
+    tools, tool_choice = _tool_choice(body.get("tool_choice"), _tools(body.get("tools")))
     # `metadata` (user_id) and the hosted-service fields are accepted and ignored.
     request = GenerationRequest(
         messages=_messages(body.get("messages"), body.get("system")),
@@ -389,6 +419,8 @@ def parse_messages(body: Any, *, count_only: bool = False) -> MessagesRequest:
         max_tokens=_max_tokens(body, required=not count_only),
         stop=_stop_sequences(body.get("stop_sequences")),
         chat_template_kwargs=kwargs,
+        tool_choice=tool_choice,
+        response_format=_output_format(body.get("output_config")),
         **_sampling(body),
     )
     return MessagesRequest(model, request, bool(stream), omit_thinking)
@@ -453,10 +485,11 @@ class MessageStream:
     model: str
     omit_thinking: bool = False
     content: list[dict[str, Any]] = field(default_factory=list)
-    _open: str | None = None  # the type of the block still open
+    _open: str | None = field(default=None, init=False)  # the type of the block still open
 
     def start(self, input_tokens: int) -> list[Frame]:
-        message = self._message(None, None, {"input_tokens": input_tokens, "output_tokens": 0})
+        usage = {"input_tokens": input_tokens, "output_tokens": 0}
+        message = self._message([], None, None, usage)
         return [("message_start", {"type": "message_start", "message": message}), _ping()]
 
     def feed(self, event: Any) -> list[Frame]:
@@ -483,19 +516,22 @@ class MessageStream:
 
     def message(self, done: Done, stop_sequence: str | None) -> dict[str, Any]:
         self._close()
-        return self._message(
-            stop_reason(done, stop_sequence), stop_sequence, usage_dict(done.usage)
-        )
+        reason = stop_reason(done, stop_sequence)
+        return self._message(self.content, reason, stop_sequence, usage_dict(done.usage))
 
     def _message(
-        self, reason: str | None, stop_sequence: str | None, usage: dict[str, Any]
+        self,
+        content: list[dict[str, Any]],
+        reason: str | None,
+        stop_sequence: str | None,
+        usage: dict[str, Any],
     ) -> dict[str, Any]:
         return {
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "model": self.model,
-            "content": [dict(b) for b in self.content] if reason else [],
+            "content": [dict(b) for b in content],
             "stop_reason": reason,
             "stop_sequence": stop_sequence,
             "usage": usage,
@@ -566,3 +602,109 @@ def error_event(message: str, type: str = "api_error") -> Frame:
 def sse(frame: Frame) -> bytes:
     name, data = frame
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+# -- the OpenAPI document (request bodies; the routes parse them themselves) --------
+
+_TEXT_BLOCK = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+}
+_TEXT_OR_BLOCKS = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]}
+_CONTENT_BLOCK = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {
+            "type": "string",
+            "enum": ["text", "thinking", "redacted_thinking", "tool_use", "tool_result"],
+        },
+        "text": {"type": "string"},
+        "thinking": {"type": "string"},
+        "signature": {"type": "string"},
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "input": {"type": "object"},
+        "tool_use_id": {"type": "string"},
+        "content": _TEXT_OR_BLOCKS,
+        "is_error": {"type": "boolean"},
+    },
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"type": "string", "enum": ["user", "assistant"]},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _CONTENT_BLOCK}]},
+    },
+}
+_TOOL = {
+    "type": "object",
+    "required": ["name", "input_schema"],
+    "properties": {
+        "type": {"type": "string", "enum": ["custom"]},
+        "name": {"type": "string"},
+        "description": {"type": "string"},
+        "input_schema": {"type": "object"},
+    },
+}
+_PROMPT: dict[str, Any] = {
+    "model": {"type": "string"},
+    "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+    "system": _TEXT_OR_BLOCKS,
+    "tools": {"type": "array", "items": _TOOL},
+    "tool_choice": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
+            "name": {"type": "string"},
+            "disable_parallel_tool_use": {"type": "boolean"},
+        },
+    },
+    "thinking": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"type": "string", "enum": ["enabled", "disabled", "adaptive"]},
+            "budget_tokens": {"type": "integer", "minimum": 1},
+            "display": {"type": "string", "enum": ["summarized", "omitted"]},
+        },
+    },
+    "output_config": {
+        "type": "object",
+        "properties": {
+            "effort": {"type": "string"},
+            "format": {
+                "type": "object",
+                "required": ["type", "schema"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["json_schema"]},
+                    "schema": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+
+
+def _schema_body(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+MESSAGES_BODY = _schema_body(
+    ["max_tokens", "messages"],
+    {
+        **_PROMPT,
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "stop_sequences": {"type": "array", "items": {"type": "string"}},
+        "temperature": {"type": "number", "minimum": 0},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0},
+        "stream": {"type": "boolean"},
+        "metadata": {"type": "object"},
+    },
+)
+COUNT_TOKENS_BODY = _schema_body(["messages"], _PROMPT)

@@ -12,7 +12,13 @@ from starlette.middleware.cors import CORSMiddleware
 from mlxbun_cli import __version__
 from mlxbun_cli.errors import MlxbunError
 from mlxbun_cli.protocols import WireError
-from mlxbun_cli.server import errors, routes_admin, routes_openai
+from mlxbun_cli.server import (
+    errors,
+    routes_admin,
+    routes_anthropic,
+    routes_openai,
+    routes_responses,
+)
 from mlxbun_cli.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from mlxbun_cli.server.state import ServerState
 
@@ -34,6 +40,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.mlxbun = state
     app.include_router(routes_admin.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
+    app.include_router(routes_anthropic.router)
     app.add_exception_handler(WireError, errors.wire_error)
     app.add_exception_handler(MlxbunError, errors.mlxbun_error)
     app.add_exception_handler(StarletteHTTPException, errors.http_error)

@@ -50,6 +50,7 @@ async def stats(request: Request) -> dict[str, Any]:
         "shutdown_cancels": c.shutdown_cancels,
         "tool_parse_failures": c.tool_parse_failures,
         "streams_active": c.streams_active,
+        "response_store": state.responses.stats(),
     }
     loaded = state.loaded
     if loaded is not None:

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mlxbun_cli.catalog import resolve
@@ -42,35 +43,27 @@ def _url(host: str, port: int) -> str:
     return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
 
 
-def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any = None) -> None:
-    """Serve until SIGTERM/SIGINT. Returns normally on a clean shutdown."""
+def uvicorn_server(
+    app: Any,
+    options: ServeOptions,
+    on_startup: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+    on_exit: Callable[[], None] | None = None,
+) -> Any:
+    """A uvicorn server whose SIGTERM/SIGINT starts a graceful drain and exits 0."""
     import uvicorn
-
-    from mlxbun_cli.server.app import create_app
-
-    ref = resolve(options.model, default_model)
-    lock = daemon.DaemonLock()
-    lock.acquire()
-    sock = bind(options.host, options.port)
-    port = sock.getsockname()[1]
-    url = _url(options.host, port)
-    state = ServerState(options, ref)
-    state.start_loading()
-    app = create_app(state)
 
     class GracefulServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            loop = getattr(state, "loop", None)
-            if loop is not None:
-                loop.call_soon_threadsafe(state.draining.set)
+            if on_exit is not None:
+                on_exit()
             super().handle_exit(sig, frame)
             # A signal-initiated graceful shutdown is a clean exit (0); uvicorn
             # would otherwise re-raise the signal once it is done.
             self._captured_signals.clear()
 
         async def startup(self, sockets: Any = None) -> None:
-            state.loop = asyncio.get_running_loop()
-            state.draining = asyncio.Event()
+            if on_startup is not None:
+                on_startup(asyncio.get_running_loop())
             await super().startup(sockets=sockets)
 
     config = uvicorn.Config(
@@ -80,7 +73,41 @@ def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any
         access_log=options.log_level == "debug",
         lifespan="on",
     )
-    server = GracefulServer(config)
+    return GracefulServer(config)
+
+
+def engine_server(state: ServerState) -> Any:
+    """The in-process server: this process loads the model and generates."""
+    from mlxbun_cli.server.app import create_app
+
+    def startup(loop: asyncio.AbstractEventLoop) -> None:
+        state.loop = loop
+        state.draining = asyncio.Event()
+
+    def drain() -> None:
+        loop = getattr(state, "loop", None)
+        if loop is not None:
+            loop.call_soon_threadsafe(state.draining.set)
+
+    return uvicorn_server(create_app(state), state.options, startup, drain)
+
+
+def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT. Returns normally on a clean shutdown."""
+    ref = resolve(options.model, default_model)
+    lock = daemon.DaemonLock()
+    lock.acquire()
+    sock = bind(options.host, options.port)
+    port = sock.getsockname()[1]
+    url = _url(options.host, port)
+    if options.isolated:
+        from mlxbun_cli.server.parent import parent_server
+
+        server, cleanup = parent_server(options, ref)
+    else:
+        state = ServerState(options, ref)
+        state.start_loading()
+        server, cleanup = engine_server(state), None
     daemon.write_state(
         daemon.DaemonInfo(
             pid=os.getpid(),
@@ -96,6 +123,8 @@ def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any
     try:
         server.run(sockets=[sock])
     finally:
+        if cleanup is not None:
+            cleanup()
         daemon.clear_state(os.getpid())
         lock.release()
         sock.close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxbun_cli.catalog import ModelRef
+from mlxbun_cli.server.responses_store import ResponseStore
 
 
 @dataclass
@@ -26,7 +27,16 @@ class ServeOptions:
     cache_entries: int = 16
     shutdown_grace: float = 5.0
     constrained_decoding: bool = True
+    isolated: bool = False  # each model in its own worker process
+    memory_budget: int | None = None  # bytes for resident models (isolated mode)
+    max_models: int = 2
+    pinned: list[str] = field(default_factory=list)
+    keep_alive: float | None = None  # idle seconds before a model unloads (None: never)
     log_level: str = "info"
+    # The Responses wire's stored responses (previous_response_id, GET): in memory.
+    response_store_entries: int = 1000
+    response_store_bytes: int = 64 * 1024 * 1024
+    response_store_ttl_s: float = 3600.0
 
 
 @dataclass
@@ -49,6 +59,11 @@ class ServerState:
         self.counters = RequestCounters()
         self.draining = asyncio.Event()
         self._load_thread: threading.Thread | None = None
+        self.responses = ResponseStore(
+            options.response_store_entries,
+            options.response_store_bytes,
+            options.response_store_ttl_s,
+        )
 
     @property
     def status(self) -> str:

@@ -22,6 +22,15 @@ def detached_args(options: ServeOptions) -> list[str]:
         "--shutdown-grace",
         str(options.shutdown_grace),
     ]
+    if not options.isolated:
+        args.append("--in-process")
+    if options.memory_budget:
+        args += ["--memory-budget", str(options.memory_budget)]
+    args += ["--max-models", str(options.max_models)]
+    for model in options.pinned:
+        args += ["--pin", model]
+    if options.keep_alive is not None:
+        args += ["--keep-alive", str(options.keep_alive)]
     if options.adapter:
         args += ["--adapter", options.adapter]
     if options.default_max_tokens:

@@ -1,0 +1,79 @@
+"""A model worker: the in-process server for one model, on a Unix socket.
+
+The isolated parent starts one per resident model (`python -m
+mlxbun_cli.server.worker …`) and proxies requests to it. Auth, CORS and body
+limits are the parent's job; the worker trusts its socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from mlxbun_cli.catalog import ModelRef
+from mlxbun_cli.server.state import ServeOptions, ServerState
+
+
+def worker_args(
+    options: ServeOptions, ref: ModelRef, socket_path: str, adapter: str | None
+) -> list[str]:
+    worker_options = {
+        **asdict(options),
+        "isolated": False,
+        "api_key": None,
+        "cors_origins": [],
+        "model": ref.id,
+        "adapter": adapter,
+    }
+    return [
+        sys.executable,
+        "-m",
+        "mlxbun_cli.server.worker",
+        "--socket",
+        socket_path,
+        "--model-id",
+        ref.id,
+        "--model-path",
+        str(ref.path),
+        "--source",
+        ref.source,
+        "--options",
+        json.dumps(worker_options),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mlxbun-worker")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--model-id", required=True)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--source", default="path")
+    parser.add_argument("--options", required=True)
+    args = parser.parse_args(argv)
+
+    from mlxbun_cli.server.run import engine_server
+
+    options = ServeOptions(**json.loads(args.options))
+    state = ServerState(options, ModelRef(args.model_id, Path(args.model_path), args.source))
+    state.start_loading()
+    if os.path.exists(args.socket):
+        os.unlink(args.socket)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(args.socket)
+    sock.listen(1024)
+    try:
+        engine_server(state).run(sockets=[sock])
+    finally:
+        sock.close()
+        if os.path.exists(args.socket):
+            os.unlink(args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
