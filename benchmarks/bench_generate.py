@@ -56,7 +56,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = ("tiny", "30m")
-DEFAULT_TOKENS = {"tiny": 256, "30m": 128}
+DEFAULT_TOKENS = {"tiny": 256, "30m": 96}
+# (quick, default) pairs per model and mode; 30m runs ~30 ms/token on 2 cores
+CLI_PAIRS = {"tiny": (3, 6), "30m": (2, 4)}
+INPROC_PAIRS = {"tiny": (6, 12), "30m": (3, 4)}
 DECODE_TARGET = 0.98
 HELP_TARGET_S = 0.25
 HEAVY_MODULES = ("mlx", "mlx_lm", "transformers", "fastapi", "uvicorn")
@@ -147,7 +150,9 @@ def bench_env(home: Path) -> dict[str, str]:
     return env
 
 
-def run_proc(cmd: list[str], env: dict[str, str], timeout: float = 600) -> tuple[int, str, str, float]:
+def run_proc(
+    cmd: list[str], env: dict[str, str], timeout: float = 600
+) -> tuple[int, str, str, float]:
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     return p.returncode, p.stdout, p.stderr, time.perf_counter() - t0
@@ -169,11 +174,15 @@ def versions() -> dict[str, Any]:
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         out["git"] = head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -316,6 +325,7 @@ def worker_inproc(argv: list[str]) -> None:
     a = ap.parse_args(argv)
 
     import gc
+    import uuid
 
     from mlx_lm import load as lm_load
     from mlx_lm import stream_generate
@@ -332,10 +342,18 @@ def worker_inproc(argv: list[str]) -> None:
         model, tokenizer = lm_load(a.model)
         sampler = make_sampler(0.0)
 
+        fields = GenerationRequest.__dataclass_fields__
+
         def request(prompt: str) -> GenerationRequest:
-            return GenerationRequest(
+            req = GenerationRequest(
                 messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0
             )
+            if "session_id" in fields:
+                # A fresh prompt-cache namespace per run: mlxbun's prompt cache
+                # would otherwise skip the prefill on every repeat, which
+                # mlx_lm.stream_generate has no equivalent of (TTFT/wall only).
+                req.session_id = uuid.uuid4().hex
+            return req
 
         def prompt_ids(prompt: str) -> tuple[list[int], bool | None]:
             """The tokens mlxbun decodes from, and whether mlx_lm's CLI renders the same."""
@@ -413,8 +431,11 @@ def worker_inproc(argv: list[str]) -> None:
             lm = run_mlx_lm(ids)
             bun = run_mlxbun(prompt) if lm["tokens"] == n else None
             probes.append(
-                {"prompt": prompt, "mlx_lm_tokens": lm["tokens"],
-                 "mlxbun_tokens": bun["tokens"] if bun else None}  # fmt: skip
+                {
+                    "prompt": prompt,
+                    "mlx_lm_tokens": lm["tokens"],
+                    "mlxbun_tokens": bun["tokens"] if bun else None,
+                }  # fmt: skip
             )
             score = min(lm["tokens"], bun["tokens"]) if bun else lm["tokens"]
             if best is None or score > best[0]:
@@ -502,7 +523,9 @@ def phase_breakdown(loaded, backend, model, tokenizer, prompt, ids, n, reps) -> 
         for meth in ("_admit", "_reap_cancelled", "_dispatch"):
             wrap(cls, meth, f"mlxbun Scheduler.{meth}")
     if pipe_mod is not None:
-        wrap(getattr(pipe_mod, "OutputProcessor", None), "on_step", "mlxbun OutputProcessor.on_step")
+        wrap(
+            getattr(pipe_mod, "OutputProcessor", None), "on_step", "mlxbun OutputProcessor.on_step"
+        )
 
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
@@ -535,8 +558,12 @@ def phase_breakdown(loaded, backend, model, tokenizer, prompt, ids, n, reps) -> 
                 "wall_us_per_token": 1e6 * wall / total,
                 "cpu_us_per_token": 1e6 * cpu / total,
                 "phases": [
-                    {"thread": th, "phase": ph, "us_per_token": 1e6 * v / total,
-                     "calls_per_token": cnt[(th, ph)] / total}  # fmt: skip
+                    {
+                        "thread": th,
+                        "phase": ph,
+                        "us_per_token": 1e6 * v / total,
+                        "calls_per_token": cnt[(th, ph)] / total,
+                    }  # fmt: skip
                     for (th, ph), v in sorted(acc.items(), key=lambda kv: -kv[1])
                 ],
             }
@@ -566,7 +593,7 @@ def bench_inproc(
             "mode": "in-process", "model": size, "max_tokens": n,
             "error": f"worker exit {rc}: {tail(se, 1500)}",
         }  # fmt: skip
-    data = json.loads(line[len(RESULT_MARK):])
+    data = json.loads(line[len(RESULT_MARK) :])
     summary = summarize("in-process", size, n, data["prompt"], data["runs"], None)
     summary["prompt_ids_match_mlx_lm_cli"] = data["prompt_ids_match_mlx_lm_cli"]
     summary["prompt_probes"] = data["probes"]
@@ -591,10 +618,10 @@ def bench_inproc(
 def summarize(mode, size, n, prompt, runs, warm) -> dict[str, Any]:
     bun, lm = runs["mlxbun"], runs["mlx_lm"]
     errors = [r["error"] for r in bun + lm if r.get("error")]
-    ok_pairs = [(b, m) for b, m in zip(bun, lm) if not b.get("error") and not m.get("error")]
-    ratios = [
-        b["decode_tps"] / m["decode_tps"] for b, m in ok_pairs if m.get("decode_tps")
+    ok_pairs = [
+        (b, m) for b, m in zip(bun, lm, strict=False) if not b.get("error") and not m.get("error")
     ]
+    ratios = [b["decode_tps"] / m["decode_tps"] for b, m in ok_pairs if m.get("decode_tps")]
     counts_b = sorted({b["tokens"] for b, _ in ok_pairs})
     counts_m = sorted({m["tokens"] for _, m in ok_pairs})
     full = bool(ok_pairs) and counts_b == [n] and counts_m == [n]
@@ -738,22 +765,25 @@ def bench_help(exe: str, env: dict[str, str], tmp: Path, runs: int, importtime_r
         "import mlxbun_cli.app": [sys.executable, "-c", "import mlxbun_cli.app"],
         "mlxbun --help": [exe, "--help"],
     }
+    plain_env = {**env, "TYPER_USE_RICH": "0"}  # what-if: click's plain help, no rich
     log(
         f"--help: {runs} fresh runs per command x {len(envs)} environments "
         f"(PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE')!r} as is)"
     )
     timings: dict[str, dict[str, list[float]]] = {e: {c: [] for c in cmds} for e in envs}
     errors = []
-    for ename, e in envs.items():
+    plain: list[float] = []
+    for e in envs.values():
         for cmd in cmds.values():  # warm-up: page cache, and the bytecode cache
             run_proc(cmd, e)
-    for i in range(runs):
+    for _ in range(runs):
         for ename, e in envs.items():
             for cname, cmd in cmds.items():
                 rc, so, se, wall = run_proc(cmd, e)
                 if rc != 0:
                     errors.append(f"{cname} ({ename}) exit {rc}: {tail(se, 300)}")
                 timings[ename][cname].append(wall)
+        plain.append(run_proc(cmds["mlxbun --help"], plain_env)[3])
 
     def stats(xs: list[float]) -> dict[str, Any]:
         return {
@@ -768,6 +798,7 @@ def bench_help(exe: str, env: dict[str, str], tmp: Path, runs: int, importtime_r
         "runs": runs,
         "timings": {e: {c: stats(v) for c, v in t.items()} for e, t in timings.items()},
         "errors": errors[:4],
+        "what_if_TYPER_USE_RICH_0": stats(plain),
     }
     for ename in envs:
         med = out["timings"][ename]["mlxbun --help"]["median_s"]
@@ -782,7 +813,7 @@ def bench_help(exe: str, env: dict[str, str], tmp: Path, runs: int, importtime_r
         if line is None:
             imports[key] = {"error": f"exit {rc}: {tail(se, 400)}"}
             continue
-        data = json.loads(line[len(RESULT_MARK):])
+        data = json.loads(line[len(RESULT_MARK) :])
         top = set(data["top_level"])
         imports[key] = {
             "exit": data["exit"],
@@ -835,9 +866,9 @@ def render(report: dict[str, Any]) -> None:
         else:
             widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
             print(title)
-            print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+            print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
             for r in rows:
-                print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+                print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
             print()
 
     def say(text: str = "") -> None:
@@ -852,12 +883,22 @@ def render(report: dict[str, Any]) -> None:
         f"Python {v.get('python')} · {m.get('cpus')} CPUs · load {m.get('loadavg_start')} → "
         f"{m.get('loadavg_end')}"
     )
+    load = m.get("loadavg_start") or [0.0]
+    load_end = m.get("loadavg_end") or [0.0]
+    if max(load[0], load_end[0]) > 0.5 * (m.get("cpus") or 1):
+        say(
+            "WARNING: the machine was busy (1-min load average above half the CPUs): "
+            "other processes share the cores, so timings are noisy; trust the ratios' "
+            "intervals, or rerun on an idle machine."
+        )
     decode = report.get("decode", [])
     if decode:
         rows = []
         for d in decode:
             if "error" in d and "mlxbun" not in d:
-                rows.append([d["model"], d["mode"], str(d["max_tokens"]), "-", "-", "-", "-", "-", "ERROR"])
+                rows.append(
+                    [d["model"], d["mode"], str(d["max_tokens"]), "-", "-", "-", "-", "-", "ERROR"]
+                )
                 continue
             b, lm = d["mlxbun"], d["mlx_lm"]
             ci = d.get("ratio_ci90")
@@ -898,14 +939,27 @@ def render(report: dict[str, Any]) -> None:
             rows,
         )  # fmt: skip
         for d in decode:
+            bun_consumer = (d.get("mlxbun") or {}).get("consumer_tps_median")
+            if bun_consumer:
+                say(
+                    f"  {d['model']} in-process: mlxbun tok/s timed by the engine {d['mlxbun']['decode_tps_median']}, "
+                    f"timed by the consuming thread {bun_consumer} (mlx_lm is timed by its consumer)"
+                )
             if d.get("errors"):
                 say(f"  errors ({d['model']} {d['mode']}): {d['errors'][0]}")
             if d.get("prompt_ids_match_mlx_lm_cli") is False:
-                say(f"  note ({d['model']}): mlxbun's prompt tokens differ from mlx_lm's CLI rendering")
+                say(
+                    f"  note ({d['model']}): mlxbun's prompt tokens differ from mlx_lm's CLI rendering"
+                )
             if "breakdown" in d:
                 for eng, bd in d["breakdown"].items():
                     rows = [
-                        [p["thread"], p["phase"], fmt(p["us_per_token"], 1), fmt(p["calls_per_token"], 2)]
+                        [
+                            p["thread"],
+                            p["phase"],
+                            fmt(p["us_per_token"], 1),
+                            fmt(p["calls_per_token"], 2),
+                        ]
                         for p in bd["phases"]
                     ]
                     table(
@@ -923,6 +977,10 @@ def render(report: dict[str, Any]) -> None:
             for name in t["as_is"]
         ]  # fmt: skip
         rows[-1][1] = f"{h['verdict_as_is']} / {h['verdict_bytecode_cached']}"
+        plain = h.get("what_if_TYPER_USE_RICH_0")
+        if plain:
+            rows.append(["what if: TYPER_USE_RICH=0 mlxbun --help", "(info)",
+                         fmt(plain["median_s"], 3), fmt(plain["min_s"], 3), "-", "-"])  # fmt: skip
         table(
             f"Start-up: median of {h['runs']} fresh processes (target: mlxbun --help <= {HELP_TARGET_S} s)",
             ["command", "verdict (as is / cached)", "as-is median s", "as-is min s",
@@ -993,11 +1051,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     started = time.perf_counter()
-    sizes = (args.models.split(",") if args.models else (["tiny"] if args.quick else list(SIZES)))
+    sizes = args.models.split(",") if args.models else (["tiny"] if args.quick else list(SIZES))
     for s in sizes:
         if s not in SIZES:
             raise SystemExit(f"unknown model size {s!r}; choose from {', '.join(SIZES)}")
-    cli_pairs = args.cli_pairs or (3 if args.quick else 5)
     help_runs = args.help_runs or (5 if args.quick else 10)
     prompts = [args.prompt] if args.prompt else list(CANDIDATE_PROMPTS)
     exe = venv_script("mlxbun")
@@ -1005,9 +1062,15 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "versions": versions(),
         "machine": machine(),
-        "settings": {"quick": args.quick, "models": sizes, "cli_pairs": cli_pairs,
-                     "help_runs": help_runs, "decode_target": DECODE_TARGET,
-                     "help_target_s": HELP_TARGET_S},  # fmt: skip
+        "settings": {
+            "quick": args.quick,
+            "models": sizes,
+            "cli_pairs": args.cli_pairs,
+            "inproc_pairs": args.inproc_pairs,
+            "help_runs": help_runs,
+            "decode_target": DECODE_TARGET,
+            "help_target_s": HELP_TARGET_S,
+        },  # fmt: skip
         "decode": [],
     }
     tmp = Path(tempfile.mkdtemp(prefix="mlxbun-bench-"))
@@ -1021,16 +1084,22 @@ def main(argv: list[str] | None = None) -> int:
                 prompt = prompts[0]
                 inproc = None
                 if not args.skip_inproc:
-                    pairs = args.inproc_pairs or (
-                        (6 if args.quick else 12) if size == "tiny" else (3 if args.quick else 5)
-                    )
+                    pairs = args.inproc_pairs or INPROC_PAIRS[size][0 if args.quick else 1]
                     inproc = bench_inproc(
                         size, models[size], n, pairs, 2, prompts, env, args.breakdown
                     )
                     prompt = inproc.get("prompt") or prompt  # the one both decode fully
                 if not args.skip_cli:
                     report["decode"].append(
-                        bench_cli(exe, size, models[size], n, prompt, cli_pairs, env)
+                        bench_cli(
+                            exe,
+                            size,
+                            models[size],
+                            n,
+                            prompt,
+                            args.cli_pairs or CLI_PAIRS[size][0 if args.quick else 1],
+                            env,
+                        )  # fmt: skip
                     )
                 if inproc is not None:
                     report["decode"].append(inproc)

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from mlxbun_cli import __version__
-from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, models, serve
+from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, jobs, models, serve
 
 app = typer.Typer(
     name="mlxbun",
@@ -46,6 +46,7 @@ app.command("serve")(serve.serve)
 app.add_typer(daemon_cmd.app, name="daemon")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(models.app, name="models")
+app.add_typer(jobs.app, name="jobs")
 
 
 def _click_exceptions():
@@ -81,7 +82,7 @@ def main() -> None:
 
         ui.print_error(exc.format_message())
         sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, cx.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
     except BrokenPipeError:
         sys.stderr.close()

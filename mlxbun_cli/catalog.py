@@ -85,10 +85,6 @@ def hf_repo_id(repo_dir: Path) -> str:
     return repo_dir.name[len("models--") :].replace("--", "/", 1)
 
 
-def hf_repo_dir(repo_id: str) -> Path:
-    return hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-
-
 def _hf_scan(scan: Scan) -> None:
     try:
         entries = sorted(hf_cache_dir().iterdir())
@@ -280,39 +276,27 @@ def ensure_demo() -> ModelRef:
     return ModelRef(DEMO_ID, target, "demo")
 
 
-@dataclass(frozen=True)
-class Removal:
-    ref: ModelRef
-    action: str  # "deleted" or "unregistered"
-    paths: tuple[Path, ...]  # what was deleted (or, unregistered, what was left alone)
-
-
 def removal_targets(ref: ModelRef) -> tuple[Path, ...]:
-    """What `remove` deletes for this model; empty for one mlxbun must not delete."""
-    if ref.source == "hf-cache":
+    """What `remove` deletes for a model in a cache mlxbun manages; raises for any other
+    directory. A hub repo goes whole (every revision), with its lock folder."""
+    if ref.source == "hf-cache" and ref.path.parent.parent.name.startswith("models--"):
         repo_dir = ref.path.parent.parent
         return (repo_dir, hf_cache_dir() / ".locks" / repo_dir.name)
     if ref.source in ("data-dir", "demo"):
         return (ref.path,)
-    return ()
+    raise InputError(
+        f"{ref.path} is not in a model cache mlxbun manages; it is left alone",
+        hint="delete it yourself; `mlxbun models list` shows what rm can remove",
+    )
 
 
-def remove(ref: ModelRef) -> Removal:
+def remove(ref: ModelRef) -> None:
     """Delete a cached model's files, or only forget a registered one."""
     if ref.source == "registered":
         unregister(ref.id)
-        return Removal(ref, "unregistered", (ref.path,))
-    targets = removal_targets(ref)
-    if not targets:
-        raise InputError(
-            f"{ref.path} is a directory mlxbun did not download; it is left alone",
-            hint="delete it yourself, or register it with `mlxbun models add`",
-        )
-    if ref.source == "hf-cache" and not targets[0].name.startswith("models--"):
-        raise InputError(f"{targets[0]} does not look like a hub cache repo; not deleting it")
-    for target in targets:
+        return
+    for target in removal_targets(ref):
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.exists():
             shutil.rmtree(target)
-    return Removal(ref, "deleted", targets)

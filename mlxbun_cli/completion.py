@@ -13,8 +13,8 @@ the user's shell.
 
 - `complete_model`: ids `catalog.known_models()` finds (demo, registered,
   data dir, hub cache), with where each lives.
-- `complete_job_id`: ids in the job store (SQLite), newest first, with kind and
-  status when the table has them.
+- `complete_job_id`: ids in the job store (`jobs.store`, SQLite, opened
+  read-only), newest first, with kind and state.
 - `complete_repo_id`: Hub repos pushed to before, newest first, from
   `data_dir/push_history.json`; `remember_repo_id` appends to it.
 """
@@ -58,35 +58,24 @@ def complete_model(incomplete: str) -> Candidates:
     return [(ref.id, _SOURCE_HELP.get(ref.source, ref.source)) for ref in known_models()]
 
 
-def jobs_db() -> Path | None:
-    """The job store's SQLite file, where one exists."""
-    for folder in (paths.state_dir(), paths.data_dir()):
-        for name in ("jobs.sqlite3", "jobs.sqlite", "jobs.db"):
-            if (folder / name).is_file():
-                return folder / name
-    return None
-
-
 @_safe
 def complete_job_id(incomplete: str) -> Candidates:
-    """Job ids, newest first, with kind and status as help when the store has them."""
+    """Job ids, newest first, with kind and state as help; read-only, no migration."""
     import sqlite3
 
-    db = jobs_db()
-    if db is None:
+    from mlxbun_cli.jobs.store import default_path
+
+    db = default_path()
+    if not db.is_file():
         return []
     conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=0.2)
     try:
-        cursor = conn.execute("SELECT * FROM jobs ORDER BY rowid DESC LIMIT 200")
-        columns = [c[0] for c in cursor.description]
-        rows = [dict(zip(columns, row, strict=True)) for row in cursor]
+        rows = conn.execute(
+            "SELECT id, kind, state FROM jobs ORDER BY created_at DESC LIMIT 200"
+        ).fetchall()
     finally:
         conn.close()
-    key = "id" if "id" in columns else "job_id"
-    return [
-        (str(row[key]), " ".join(str(row[c]) for c in ("kind", "status") if row.get(c)))
-        for row in rows
-    ]
+    return [(str(job_id), f"{kind} {state}") for job_id, kind, state in rows]
 
 
 def push_history_file() -> Path:

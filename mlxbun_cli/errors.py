@@ -54,6 +54,16 @@ class OptionError(InputError):
         self.field = field
 
 
+class AdmissionError(InputError):
+    """Refused before any work: the memory ceiling leaves no room."""
+
+    code = "memory_admission"
+
+    def __init__(self, message: str, hint: str | None = None, field: str = "model") -> None:
+        super().__init__(message, hint)
+        self.field = field
+
+
 class ModelLoadError(MlxbunError):
     pass
 

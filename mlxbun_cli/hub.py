@@ -66,14 +66,9 @@ def pull(repo_id: str, revision: str | None = None, *, tqdm_class: Any = None) -
     """Download (or finish downloading) REPO_ID into the hub cache."""
     repo_id = check_repo_id(repo_id)
     revision = revision or "main"
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    if constants.is_offline_mode():
-        raise MlxbunError(
-            f"cannot download {repo_id}: offline mode is on (HF_HUB_OFFLINE)",
-            hint="unset HF_HUB_OFFLINE (or set it to 0) to download; cached models work offline",
-        )
-    try:
+    try:  # offline, it answers from the cache when the snapshot there is complete
         folder = snapshot_download(
             repo_id,
             revision=revision,
@@ -99,7 +94,7 @@ def pull(repo_id: str, revision: str | None = None, *, tqdm_class: Any = None) -
 
 def _hub_error(exc: Exception, repo_id: str, revision: str) -> Exception:
     """huggingface_hub's exceptions -> the most specific one-line error we have."""
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors
 
     where = endpoint()
     if isinstance(exc, errors.GatedRepoError):
@@ -122,18 +117,23 @@ def _hub_error(exc: Exception, repo_id: str, revision: str) -> Exception:
                 hint="`hf auth login` or set HF_TOKEN",
             )
         return MlxbunError(f"the Hub answered {status} for {repo_id}: {_first_line(exc)}")
-    if isinstance(exc, errors.OfflineModeIsEnabled):
-        return MlxbunError(f"cannot download {repo_id}: offline mode is on (HF_HUB_OFFLINE)")
-    if isinstance(exc, errors.LocalEntryNotFoundError):
+    if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
+        if constants.is_offline_mode():
+            return MlxbunError(
+                f"cannot download {repo_id}: offline mode is on (HF_HUB_OFFLINE)",
+                hint="set HF_HUB_OFFLINE=0 to download; models already cached work offline",
+            )
         return MlxbunError(
             f"cannot reach the Hugging Face Hub at {where} to download {repo_id}",
             hint="check the network (or HF_ENDPOINT); a partial download resumes next time",
         )
-    if isinstance(exc, OSError):
-        return MlxbunError(f"download of {repo_id} failed: {_first_line(exc)}")
-    if isinstance(exc, ValueError):
+    if isinstance(exc, ValueError):  # e.g. a revision name the Hub client rejects
         return InputError(f"cannot download {repo_id}: {_first_line(exc)}")
-    return exc
+    # Disk full, a proxy refusing, a connection cut mid-file: resumable next time.
+    return MlxbunError(
+        f"download of {repo_id} failed: {type(exc).__name__}: {_first_line(exc)}",
+        hint="run the same command again to resume",
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,12 +30,6 @@ if TYPE_CHECKING:
 
 INDEX_VERSION = 1
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
-DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
-}  # fmt: skip
 TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 TEMPLATE_HEAD_LINES = 8
 
@@ -182,13 +175,13 @@ class ChatTemplate:
     source: str  # the file it came from
 
 
-def chat_template(path: Path) -> ChatTemplate | None:
+def chat_template(path: Path, tokenizer_config: Any) -> ChatTemplate | None:
     """The chat template, wherever this model keeps it (newest convention first)."""
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
         return ChatTemplate(jinja.read_text(encoding="utf-8", errors="replace"), jinja.name)
     for name in ("chat_template.json", "tokenizer_config.json"):
-        data = _read_json(path / name)
+        data = tokenizer_config if name == "tokenizer_config.json" else _read_json(path / name)
         value = data.get("chat_template") if isinstance(data, dict) else None
         if isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
             value = "\n".join(t.get("template", "") for t in value if isinstance(t, dict))
@@ -197,13 +190,13 @@ def chat_template(path: Path) -> ChatTemplate | None:
     return None
 
 
-def _mentions_think(path: Path, template: ChatTemplate | None) -> bool:
+def _mentions_think(path: Path, template: ChatTemplate | None, tokenizer_config: Any) -> bool:
     if template and "<think>" in template.text:
         return True
-    tok_config = _read_json(path / "tokenizer_config.json")
-    if isinstance(tok_config, dict) and "<think>" in json.dumps(
-        tok_config.get("added_tokens_decoder")
-    ):
+    added = (
+        tokenizer_config.get("added_tokens_decoder") if isinstance(tokenizer_config, dict) else None
+    )
+    if "<think>" in json.dumps(added):
         return True
     return _file_contains(path / "tokenizer.json", b'"<think>"')
 
@@ -224,13 +217,15 @@ def _file_contains(path: Path, needle: bytes, chunk: int = 1 << 20) -> bool:
 VISION_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual")
 
 
-def capabilities(path: Path, config: dict, template: ChatTemplate | None) -> list[str]:
+def capabilities(
+    path: Path, config: dict, template: ChatTemplate | None, tokenizer_config: Any
+) -> list[str]:
     caps = []
     if template:
         caps.append("chat")
         if "tools" in template.text:
             caps.append("tools")
-    if _mentions_think(path, template):
+    if _mentions_think(path, template, tokenizer_config):
         caps.append("thinking")
     if any(key in config for key in VISION_KEYS):
         caps.append("vision")
@@ -306,13 +301,17 @@ def disk_usage(path: Path, follow_symlinks: bool = True) -> int:
 
 def summarize(ref: ModelRef) -> ModelSummary:
     """Everything `models list` shows about one model; raises InvalidModelError."""
+    return _read_model(ref)[0]
+
+
+def _read_model(ref: ModelRef) -> tuple[ModelSummary, dict, ChatTemplate | None]:
     path = ref.path
     config = catalog.read_model_config(path)
     _check_links(path)
     weights = read_weights(path, config)
-    template = chat_template(path)
-    conf = text_config(config)
-    return ModelSummary(
+    tokenizer_config = _read_json(path / "tokenizer_config.json")
+    template = chat_template(path, tokenizer_config)
+    summary = ModelSummary(
         id=ref.id,
         source=ref.source,
         path=str(path),
@@ -322,10 +321,11 @@ def summarize(ref: ModelRef) -> ModelSummary:
         architecture=config.get("model_type"),
         dtype=dtype_of(config),
         quantization=quantization_of(config) or ({"bits": None} if weights.packed else None),
-        capabilities=capabilities(path, config, template),
-        context_length=conf.get("max_position_embeddings"),
+        capabilities=capabilities(path, config, template, tokenizer_config),
+        context_length=text_config(config).get("max_position_embeddings"),
         note="random weights, for trying mlxbun offline" if ref.is_demo else None,
     )
+    return summary, config, template
 
 
 def _check_links(path: Path) -> None:
@@ -450,19 +450,6 @@ def _unbuilt_demo(ref: ModelRef) -> ModelSummary:
         quantization=None,
         note="built on first use",
     )
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str, field_name: str = "--max-size") -> int:
-    """'500MB', '4GB', '1.5G', '2TiB', '1000' -> bytes. Units are powers of 1024,
-    as `models list` shows sizes, so a model listed as 3.9 GB passes 4GB."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise OptionError(field_name, f"expected a size like 500MB, 4GB or 1.5G, got {text!r}")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** " kmgtp".index(unit or " "))
 
 
 # --- the daemon's resident models ------------------------------------------------
@@ -598,11 +585,9 @@ def list_files(path: Path) -> list[FileEntry]:
 def show_model(name: str, ctx: int = 8192) -> ModelDetails:
     """All `models show` says about one model; unreadable pieces raise, naming the file."""
     ref = catalog.resolve(name)
-    summary = summarize(ref)
+    summary, config, template = _read_model(ref)
     summary.resident = daemon_residency().has(ref.id, ref.path)
-    config = catalog.read_model_config(ref.path)
     conf = text_config(config)
-    template = chat_template(ref.path)
     lines = template.text.splitlines() if template else []
     generation = _read_json(ref.path / "generation_config.json")
     return ModelDetails(
@@ -650,10 +635,5 @@ def plan_removal(name: str) -> RemovalPlan:
     if ref.source == "registered":
         return RemovalPlan(ref, "unregister", (ref.path,), 0)
     targets = catalog.removal_targets(ref)
-    if not targets:
-        raise InputError(
-            f"{ref.path} is not in a model cache mlxbun manages; it is left alone",
-            hint="delete it yourself; `mlxbun models list` shows what rm can remove",
-        )
     freed = sum(disk_usage(t, follow_symlinks=False) for t in targets if t.is_dir())
     return RemovalPlan(ref, "delete", targets, freed)

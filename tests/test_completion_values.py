@@ -7,12 +7,11 @@ script does (see test_completions.py); the rest call the callbacks in process.
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 
 import pytest
-from test_completions import COMPLETE_VAR, REPO, _env, complete
+from test_completions import COMPLETE_VAR, REPO, _env, _mlxbun_cmd, complete
 
 from mlxbun_cli import catalog, completion, paths
 
@@ -45,17 +44,22 @@ def test_bash_completes_model_names(models):
 
 def test_zsh_shows_where_each_model_lives(models):
     env = _env(**{COMPLETE_VAR: "complete_zsh", "_TYPER_COMPLETE_ARGS": "mlxbun models show a"})
-    cmd = [
-        sys.executable,
-        "-X",
-        "importtime",
-        "-c",
-        "import sys; sys.argv[0] = 'mlxbun'; from mlxbun_cli.app import main; main()",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    proc = subprocess.run(_mlxbun_cmd(), capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert '"acme/alpha-4bit":"Hugging Face cache"' in proc.stdout
-    # Completion runs at every <TAB>: nothing heavy may be imported on its way.
+
+
+def test_model_completion_imports_nothing_heavy(models):
+    """It runs at every <TAB>: mlx, the Hub client, the server stack stay out.
+    (bash: zsh and fish load rich in Typer itself, to strip markup from help.)"""
+    env = _env(
+        **{COMPLETE_VAR: "complete_bash", "COMP_WORDS": "mlxbun\nmodels\nshow\n", "COMP_CWORD": "3"}
+    )
+    code = "import sys; sys.argv[0] = 'mlxbun'; from mlxbun_cli.app import main; main()"
+    cmd = [sys.executable, "-X", "importtime", "-c", code]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "acme/beta" in proc.stdout.split()
     imported = {
         line.split("|")[-1].strip().split(".")[0]
         for line in proc.stderr.splitlines()
@@ -73,20 +77,18 @@ def test_model_completion_survives_broken_files():
 
 
 def test_job_ids_newest_first():
+    from mlxbun_cli.jobs.store import JobStore
+
     assert completion.complete_job_id("") == []
-    db = paths.ensure(paths.state_dir()) / "jobs.sqlite3"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, kind TEXT, status TEXT)")
-        conn.executemany(
-            "INSERT INTO jobs VALUES (?, ?, ?)",
-            [("job-1", "quantize", "done"), ("job-2", "finetune", "running"), ("x-3", "", "")],
-        )
-    conn.close()
-    assert completion.complete_job_id("job") == [
-        ("job-2", "finetune running"),
-        ("job-1", "quantize done"),
+    store = JobStore()
+    first = store.create("quantize", {})
+    second = store.create("dataset", {})
+    assert completion.complete_job_id("") == [
+        (second.id, "dataset queued"),
+        (first.id, "quantize queued"),
     ]
-    assert completion.complete_job_id("x") == [("x-3", "")]
+    assert completion.complete_job_id(first.id[:-1]) == [(first.id, "quantize queued")]
+    assert completion.complete_job_id("zzz") == []
 
 
 def test_repo_ids_pushed_before():

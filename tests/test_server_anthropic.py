@@ -42,41 +42,43 @@ def _call(call_id: str, name: str, arguments: dict) -> dict:
 # -- units: request mapping ----------------------------------------------------
 
 
+# A tool round by hand: two calls, one result an error, then a follow-up.
+HISTORY = {
+    "max_tokens": 5,
+    "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Two cities.", "signature": "sig"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "w", "input": {"c": "Rome"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": [{"type": "text", "text": "no data"}],
+                    "is_error": True,
+                },
+                {"type": "text", "text": "And tomorrow?"},
+            ],
+        },
+    ],
+    "tools": [{**WEATHER, "name": "w"}],
+    "stop_sequences": ["END", ""],
+    "metadata": {"user_id": "ignored"},
+}
+
+
 def test_history_maps_to_neutral_openai_messages():
-    body = {
-        "max_tokens": 5,
-        "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}],
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "thinking", "thinking": "Two cities.", "signature": "sig"},
-                    {"type": "text", "text": "Checking."},
-                    {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "Paris"}},
-                    {"type": "tool_use", "id": "toolu_2", "name": "w", "input": {"c": "Rome"}},
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": "toolu_2",
-                        "content": [{"type": "text", "text": "no data"}],
-                        "is_error": True,
-                    },
-                    {"type": "text", "text": "And tomorrow?"},
-                ],
-            },
-        ],
-        "tools": [{**WEATHER, "name": "w"}],
-        "stop_sequences": ["END", ""],
-        "top_k": 5,
-        "metadata": {"user_id": "ignored"},
-    }
-    parsed = wire.parse_messages(body)
+    parsed = wire.parse_messages({**HISTORY, "top_k": 5})
     req = parsed.request
     assert req.messages == [
         {"role": "system", "content": "Be brief.\n\nBe kind."},
@@ -437,6 +439,8 @@ def test_tool_loop(client):
         with_result.input_tokens
         > client.messages.count_tokens(model="x", messages=question, tools=[WEATHER]).input_tokens
     )
+    by_hand = client.messages.create(model="x", **HISTORY, extra_body=GREEDY)
+    assert by_hand.stop_reason in ("end_turn", "max_tokens", "stop_sequence", "tool_use")
 
 
 def test_stop_sequences(client):
@@ -489,13 +493,16 @@ def test_errors_in_anthropic_shape(server, body, field):
     assert field is None or field in data["error"]["message"]
 
 
-def test_unknown_route_and_sdk_errors(server, client):
+def test_unknown_route_under_messages_in_anthropic_shape(server):
     r = httpx.post(server.url + "/v1/messages/nothing", json={})
     assert r.status_code == 404
     assert r.json() == {
         "type": "error",
         "error": {"type": "not_found_error", "message": "no route for POST /v1/messages/nothing"},
     }
+
+
+def test_sdk_errors_and_openapi(server, client):
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model="x", max_tokens=0, messages=USER)
     assert info.value.body["error"]["type"] == "invalid_request_error"

@@ -55,9 +55,7 @@ def set_(
     Example: mlxbun config set default_model demo
     """
     from mlxbun_cli import ui
-    from mlxbun_cli.config import set_in_file
-
-    from mlxbun_cli.config import SPEC_BY_NAME
+    from mlxbun_cli.config import SPEC_BY_NAME, set_in_file
 
     set_in_file(name, value)
     shown = "(set)" if name in SPEC_BY_NAME and SPEC_BY_NAME[name].secret else value

@@ -67,6 +67,36 @@ def generate(
     tool_choice: o.ToolChoice = None,
     local: o.Local = False,
     remote: o.Remote = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            "--batch",
+            help="Run every request line of this JSONL (OpenAI batch lines, or {messages} / "
+            "{prompt} objects) with a progress bar; rerunning resumes.",
+            rich_help_panel="Batch",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="With --batch: the results JSONL (default: IN.out.jsonl).",
+            rich_help_panel="Batch",
+            show_default=False,
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            help="With --batch: requests in flight at once (they share one batch).",
+            min=1,
+            max=256,
+            rich_help_panel="Batch",
+        ),
+    ] = 16,
 ) -> None:
     """Generate a reply to one prompt, streamed to the terminal.
 
@@ -78,6 +108,8 @@ def generate(
         mlxbun generate demo "Write a haiku about the sea" -n 40 --seed 1
 
         echo "Summarise this" | mlxbun generate demo - --json
+
+        mlxbun generate demo --batch prompts.jsonl -o answers.jsonl -n 64
     """
     from mlxbun_cli import render
     from mlxbun_cli.services.generate import (
@@ -105,6 +137,23 @@ def generate(
         reasoning_effort=reasoning_effort,
     )
     fields.update(structure_fields(json_schema, tools, tool_choice))
+    if batch is not None or output is not None:
+        from mlxbun_cli.commands.jobs import batch_command, check_batch_flags
+
+        check_batch_flags(batch, prompt, system=system, raw=raw, logprobs=logprobs)
+        batch_command(
+            batch,
+            output,
+            model,
+            fields,
+            concurrency=concurrency,
+            adapter=adapter,
+            local=local,
+            remote=remote,
+            quiet=quiet,
+            json_out=json_out,
+        )
+        return
     if prompt is None and model is not None:
         model, prompt = None, model  # one argument: the prompt, with the default model
     request = build_request(

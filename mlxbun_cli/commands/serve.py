@@ -133,6 +133,9 @@ def serve(
         constrained_decoding=settings.constrained_decoding,
         isolated=not in_process,
         memory_budget=parse_size(memory_budget, "--memory-budget") if memory_budget else None,
+        memory_ceiling=parse_size(memory_budget, "--memory-budget")
+        if memory_budget and in_process
+        else None,
         max_models=max_models,
         pinned=list(pin or []),
         keep_alive=_keep_alive(keep_alive),

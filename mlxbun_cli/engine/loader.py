@@ -27,6 +27,7 @@ class LoadedModel:
     load_seconds: float
     weights_bytes: int
     context_length: int | None
+    memory_ceiling: int | None = None  # bytes this model may use in all (admission)
     _scheduler: Any = field(default=None, repr=False)
     scheduler_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -41,6 +42,18 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size") or len(self.tokenizer))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer: what one more token of context costs."""
+        cfg = {**(self.config.get("text_config") or {}), **self.config}
+        layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)
+        heads = int(cfg.get("num_attention_heads") or 1)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // heads))
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        width = 4 if "32" in dtype else 2
+        return max(1, 2 * layers * kv_heads * head_dim * width)
 
     @property
     def scheduler(self) -> Any:
@@ -88,7 +101,10 @@ def _register_exit_cleanup() -> None:
 
 
 def load_model(
-    ref: ModelRef, adapter: str | Path | None = None, **scheduler_options: Any
+    ref: ModelRef,
+    adapter: str | Path | None = None,
+    memory_ceiling: int | None = None,
+    **scheduler_options: Any,
 ) -> LoadedModel:
     config = read_model_config(ref.path)
     _check_weights(ref.path)
@@ -118,5 +134,6 @@ def load_model(
         load_seconds=elapsed,
         weights_bytes=max(0, mx.get_active_memory() - before),
         context_length=_context_length(config),
+        memory_ceiling=memory_ceiling,
         scheduler_options=scheduler_options,
     )

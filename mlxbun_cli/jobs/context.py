@@ -21,8 +21,12 @@ log = logging.getLogger("mlxbun.jobs")
 Listener = Callable[[str, dict[str, Any]], None]
 
 
-class Stopped(Exception):
-    """Raised inside a runner when it was asked to stop; the work done so far is kept."""
+class Stopped(BaseException):
+    """Raised inside a runner when it was asked to stop; the work done so far is kept.
+
+    A BaseException, like KeyboardInterrupt, so a library's `except Exception`
+    between the raise and the runner cannot swallow it.
+    """
 
 
 class JobContext:

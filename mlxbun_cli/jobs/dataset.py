@@ -487,9 +487,7 @@ class _Pool:
             self.stats.completion_tokens += done.usage.completion_tokens
         self.ctx.progress(self.stats.progress())
 
-    def _body(
-        self, row: Row, c: Collected, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
+    def _body(self, row: Row, c: Collected, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
         assert c.done is not None
         if row.url == CHAT_URL:
             return wire.chat_response(

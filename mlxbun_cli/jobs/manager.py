@@ -190,7 +190,9 @@ class JobManager:
     def _run_worker(self, job: Job) -> None:
         log_path = paths.ensure(job_log_file(job.id).parent) / f"{job.id}.log"
         with open(log_path, "ab") as out:
-            out.write(f"--- attempt {job.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            out.write(
+                f"--- attempt {job.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode()
+            )
             out.flush()
             proc = subprocess.Popen(
                 [self._python, "-m", "mlxbun_cli.jobs.worker", job.kind, job.id],

@@ -46,10 +46,14 @@ def normalize(kind: Any, params: Any, base_dir: Path | None = None) -> tuple[dic
 def _unknown(params: dict[str, Any], allowed: set[str]) -> None:
     for name in params:
         if name not in allowed:
-            raise OptionError(f"params.{name}", f"unknown parameter; expected {', '.join(sorted(allowed))}")
+            raise OptionError(
+                f"params.{name}", f"unknown parameter; expected {', '.join(sorted(allowed))}"
+            )
 
 
-def _int(params: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+def _int(
+    params: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None
+) -> int | None:
     value = params.get(name, default)
     if value is None:
         return None
@@ -61,12 +65,21 @@ def _int(params: dict[str, Any], name: str, default: int | None, low: int, high:
     return value
 
 
-def _float(params: dict[str, Any], name: str, default: float, low: float, high: float | None = None, low_open: bool = False) -> float:
+def _float(
+    params: dict[str, Any],
+    name: str,
+    default: float,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OptionError(f"params.{name}", f"must be a number, got {value!r}")
     if (value <= low if low_open else value < low) or (high is not None and value > high):
-        bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+        bound = f"{'>' if low_open else '>='} {low}" + (
+            f" and <= {high}" if high is not None else ""
+        )
         raise OptionError(f"params.{name}", f"must be {bound}, got {value}")
     return float(value)
 
@@ -81,7 +94,9 @@ def _bool(params: dict[str, Any], name: str, default: bool) -> bool:
 def _choice(params: dict[str, Any], name: str, default: Any, choices: tuple) -> Any:
     value = params.get(name, default)
     if value is not None and value not in choices:
-        raise OptionError(f"params.{name}", f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        raise OptionError(
+            f"params.{name}", f"must be one of {', '.join(map(str, choices))}, got {value!r}"
+        )
     return value
 
 
@@ -101,7 +116,9 @@ def _path(value: str, base: Path) -> Path:
     return (path if path.is_absolute() else base / path).resolve()
 
 
-def _input_file(params: dict[str, Any], name: str, base: Path, required: bool = True) -> Path | None:
+def _input_file(
+    params: dict[str, Any], name: str, base: Path, required: bool = True
+) -> Path | None:
     value = _str(params, name, required)
     if value is None:
         return None
@@ -215,7 +232,9 @@ def quantize(params: dict[str, Any], base: Path) -> tuple[dict[str, Any], str]:
         raise OptionError("params.model", f"{model_id} is already quantized")
     name = _str(params, "name") or f"{_base_name(model_id)}-{recipe or f'{bits}bit'}"
     if not _NAME.match(name):
-        raise OptionError("params.name", f"{name!r} cannot name a model: use letters, digits, . _ -")
+        raise OptionError(
+            "params.name", f"{name!r} cannot name a model: use letters, digits, . _ -"
+        )
     target = paths.models_dir() / name
     if target.exists():
         raise OptionError("params.name", f"{target} already exists; pick another name")
@@ -269,7 +288,7 @@ def read_training_rows(path: Path, field: str) -> tuple[list[dict[str, Any]], st
         if found is None:
             raise OptionError(
                 field,
-                f"{path} line {number}: expected {{\"messages\": [...]}}, "
+                f'{path} line {number}: expected {{"messages": [...]}}, '
                 '{"prompt", "completion"} or {"text"}',
             )
         if kind is not None and found != kind:
@@ -327,7 +346,9 @@ def finetune(params: dict[str, Any], base: Path) -> tuple[dict[str, Any], str]:
         f"{_base_name(model_id)}-{fine_tune_type}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     if not _NAME.match(name):
-        raise OptionError("params.name", f"{name!r} cannot name an adapter: use letters, digits, . _ -")
+        raise OptionError(
+            "params.name", f"{name!r} cannot name an adapter: use letters, digits, . _ -"
+        )
     out_value = _str(params, "output")
     output = _path(out_value, base) if out_value else paths.data_dir() / "adapters" / name
     if output.exists() and (not output.is_dir() or any(output.iterdir())):

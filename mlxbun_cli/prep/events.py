@@ -39,6 +39,7 @@ class Done:
     tool_calls: list[ToolCall] = field(default_factory=list)
     error: str | None = None
     seed: int | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 OutputEvent = TextDelta | ReasoningDelta | ToolCallEvent | TokenLogprob | Done

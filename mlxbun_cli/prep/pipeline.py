@@ -17,7 +17,7 @@ from typing import Any
 
 from mlxbun_cli.engine.loader import LoadedModel
 from mlxbun_cli.engine.types import EngineRequest, Finished, TokenStep
-from mlxbun_cli.errors import OptionError
+from mlxbun_cli.errors import AdmissionError, OptionError
 from mlxbun_cli.prep import grammar
 from mlxbun_cli.prep import options as opts
 from mlxbun_cli.prep.events import (
@@ -100,17 +100,22 @@ def prepare(
         raise OptionError("prompt", "encodes to no tokens")
     asked = req.max_tokens or default_max_tokens or fallback_max
     max_tokens, clamped_from = asked, None
+    prompt_field = "messages" if req.messages is not None else "prompt"
     if loaded.context_length:
         room = loaded.context_length - len(tokens)
         if room < 1:
             raise OptionError(
-                "messages" if req.messages is not None else "prompt",
+                prompt_field,
                 f"the prompt is {len(tokens)} tokens, which fills the model's "
                 f"{loaded.context_length}-token context",
             )
         if asked > room:
             max_tokens = room
             clamped_from = asked if req.max_tokens else None
+    memory_room = _memory_room(loaded, len(tokens), prompt_field)
+    if memory_room is not None and max_tokens > memory_room:
+        clamped_from = clamped_from or asked
+        max_tokens = memory_room
     sampling = opts.sampling_for(req, loaded.defaults, thinking)
     if sampling.top_k >= loaded.vocab_size:
         # top_k over the vocabulary keeps every token: the same as no top_k, and
@@ -148,6 +153,23 @@ def prepare(
         max_tokens_clamped_from=clamped_from,
         warnings=warnings,
     )
+
+
+def _memory_room(loaded: LoadedModel, prompt_tokens: int, field: str) -> int | None:
+    """Tokens that fit to generate under the model's memory ceiling (None: no ceiling)."""
+    if not loaded.memory_ceiling:
+        return None
+    free = loaded.memory_ceiling - loaded.weights_bytes
+    fits = free // loaded.kv_bytes_per_token
+    if prompt_tokens + 1 > fits:
+        raise AdmissionError(
+            f"not enough memory: the prompt's {prompt_tokens} tokens need "
+            f"{(prompt_tokens + 1) * loaded.kv_bytes_per_token >> 20} MB of KV cache, and only "
+            f"{max(0, free) >> 20} MB is free under this model's {loaded.memory_ceiling >> 20} MB ceiling",
+            hint="shorten the prompt, or raise --memory-budget",
+            field=field,
+        )
+    return int(fits - prompt_tokens)
 
 
 class OutputProcessor:
@@ -204,7 +226,11 @@ class OutputProcessor:
         calls = self._tools.calls if self._tools else []
         if calls and reason == "stop":
             reason = "tool_calls"
-        events.append(Done(reason, finished.usage, list(calls), finished.error, self._seed))
+        events.append(
+            Done(
+                reason, finished.usage, list(calls), finished.error, self._seed, self._stops.matched
+            )
+        )
         return events
 
     def _shape(self, text: str, final: bool = False) -> Iterator[OutputEvent]:

@@ -279,7 +279,7 @@ def _text_of(value: Any, where: str, kinds: tuple[str, ...] = _TEXT_PARTS) -> st
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise WireError("must be a string or a list of content parts", where)
+        raise WireError(f"{where} must be a string or a list of content parts", where)
     texts = []
     for j, part in enumerate(value):
         if not isinstance(part, dict):

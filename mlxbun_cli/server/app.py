@@ -16,6 +16,7 @@ from mlxbun_cli.server import (
     errors,
     routes_admin,
     routes_anthropic,
+    routes_jobs,
     routes_openai,
     routes_responses,
 )
@@ -26,7 +27,9 @@ from mlxbun_cli.server.state import ServerState
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
+        await routes_jobs.startup(app, state.options.api_key, state.draining)
         yield
+        await routes_jobs.shutdown(app)
         state.close()
 
     app = FastAPI(
@@ -42,6 +45,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_anthropic.router)
+    app.include_router(routes_jobs.router)
     app.add_exception_handler(WireError, errors.wire_error)
     app.add_exception_handler(MlxbunError, errors.mlxbun_error)
     app.add_exception_handler(StarletteHTTPException, errors.http_error)

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from mlxbun_cli.errors import MlxbunError, OptionError
+from mlxbun_cli.errors import MlxbunError
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols.openai import error_body
 
@@ -57,11 +57,11 @@ async def wire_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def mlxbun_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, MlxbunError)
-    param = exc.field if isinstance(exc, OptionError) else None
+    param = getattr(exc, "field", None)
     status = 400 if exc.exit_code == 2 else 500
-    return error_response(
-        status, exc.message, "invalid_request_error" if status == 400 else "server_error", param
-    )
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    code = getattr(exc, "code", None)
+    return error_response(status, exc.message, kind, param, code, path=request.url.path)
 
 
 async def http_error(request: Request, exc: Exception) -> JSONResponse:

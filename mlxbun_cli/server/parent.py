@@ -23,19 +23,19 @@ from starlette.responses import JSONResponse, Response
 from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
 from mlxbun_cli.errors import InputError, MlxbunError
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import WireError, anthropic
 from mlxbun_cli.server import errors
 from mlxbun_cli.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
-from mlxbun_cli.server.proxy import forward
+from mlxbun_cli.server.parent_responses import build_responses_router
+from mlxbun_cli.server.proxy import forward, open_upstream
 from mlxbun_cli.server.residency import AdmissionError, ModelRouter
+from mlxbun_cli.server.responses_store import ResponseStore
 from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
 from mlxbun_cli.server.state import ServeOptions
 from mlxbun_cli.server.supervisor import EngineUnavailable
 
 # Generation routes the workers answer; everything else is the parent's.
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
-# Until the parent keeps the Responses history itself, the current model's worker does.
-PROXIED_TO_CURRENT = ("/v1/responses", "/v1/responses/{response_id}")
 
 
 class ParentCounters:
@@ -55,16 +55,16 @@ def _peek(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def build_router(router: ModelRouter, counters: ParentCounters, started_at: float) -> APIRouter:
+def build_router(
+    router: ModelRouter, counters: ParentCounters, started_at: float, store: ResponseStore
+) -> APIRouter:
     api = APIRouter()
 
-    async def proxy(request: Request) -> Response:
-        counters.requests += 1
-        body = await request.body()
-        fields = _peek(body)
+    async def lease_for(request: Request, fields: dict[str, Any]) -> Any:
+        """A lease on the model the body names, or the error Response to send."""
         path = request.url.path
         try:
-            lease = await router.lease(fields.get("model"), fields.get("keep_alive"))
+            return await router.lease(fields.get("model"), fields.get("keep_alive"))
         except AdmissionError as exc:
             counters.admission_refusals += 1
             return errors.error_response(
@@ -79,10 +79,25 @@ def build_router(router: ModelRouter, counters: ParentCounters, started_at: floa
             return errors.error_response(
                 502, str(exc), "engine_unavailable", None, "engine_unavailable", path=path
             )
-        counters.proxied += 1
-        return await forward(request, lease, body, path)
 
-    for route, extra in zip(PROXIED, (CHAT_BODY, COMPLETION_BODY, None, None), strict=True):
+    async def proxy(request: Request) -> Response:
+        counters.requests += 1
+        body = await request.body()
+        lease = await lease_for(request, _peek(body))
+        if isinstance(lease, Response):
+            return lease
+        counters.proxied += 1
+        return await forward(request, lease, body)
+
+    async def send(request: Request, lease: Any, body: bytes) -> Any:
+        counters.requests += 1
+        counters.proxied += 1
+        return await open_upstream(request, lease, body)
+
+    api.include_router(build_responses_router(store, lease_for, send))
+
+    bodies = (CHAT_BODY, COMPLETION_BODY, anthropic.MESSAGES_BODY, anthropic.COUNT_TOKENS_BODY)
+    for route, extra in zip(PROXIED, bodies, strict=True):
         api.add_api_route(
             route,
             proxy,
@@ -90,34 +105,6 @@ def build_router(router: ModelRouter, counters: ParentCounters, started_at: floa
             openapi_extra=extra,
             summary=f"Proxied to the model's worker: {route}",
         )
-
-    async def proxy_current(request: Request) -> Response:
-        counters.requests += 1
-        body = await request.body()
-        try:
-            lease = await router.lease(None)
-        except (AdmissionError, InputError, EngineUnavailable) as exc:
-            counters.unavailable += 1
-            return errors.error_response(
-                502,
-                str(exc),
-                "engine_unavailable",
-                None,
-                "engine_unavailable",
-                path=request.url.path,
-            )
-        counters.proxied += 1
-        return await forward(request, lease, body)
-
-    api.add_api_route(
-        "/v1/responses", proxy_current, methods=["POST"], summary="OpenAI Responses (proxied)"
-    )
-    api.add_api_route(
-        "/v1/responses/{response_id}",
-        proxy_current,
-        methods=["GET", "DELETE"],
-        summary="A stored response (proxied)",
-    )
 
     @api.get("/health", summary="Aggregate health of the parent and its workers")
     async def health() -> JSONResponse:
@@ -175,6 +162,7 @@ def build_router(router: ModelRouter, counters: ParentCounters, started_at: floa
             "engine_unavailable": counters.unavailable,
             "admission_refusals": counters.admission_refusals,
             "residency": router.report(),
+            "response_store": store.stats(),
             "workers": {w.ref.id: s for w, s in zip(workers, per_worker, strict=True)},
         }
 
@@ -250,6 +238,8 @@ def build_router(router: ModelRouter, counters: ParentCounters, started_at: floa
 
 
 def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI, ModelRouter]:
+    # The parent answers some errors on the Anthropic paths itself (401, 404, 413, 502).
+    errors.register_error_shape("/v1/messages", anthropic.error_body)
     router = ModelRouter(options, default)
     counters = ParentCounters()
     started_at = time.time()
@@ -268,7 +258,10 @@ def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI
         description="Local OpenAI/Anthropic-compatible server on MLX (isolated model workers).",
     )
     app.state.router = router
-    app.include_router(build_router(router, counters, started_at))
+    store = ResponseStore(
+        options.response_store_entries, options.response_store_bytes, options.response_store_ttl_s
+    )
+    app.include_router(build_router(router, counters, started_at, store))
     app.add_exception_handler(WireError, errors.wire_error)
     app.add_exception_handler(MlxbunError, errors.mlxbun_error)
     app.add_exception_handler(StarletteHTTPException, errors.http_error)

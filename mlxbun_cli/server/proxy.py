@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -63,8 +64,10 @@ def unavailable_frame(path: str, message: str) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode() + b"data: [DONE]\n\n"
 
 
-async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
-    """Send the request to the leased worker; the lease ends when the body does."""
+async def open_upstream(
+    request: Request, lease: Lease, body: bytes, path: str | None = None
+) -> Any:
+    """The worker's streaming response, or an error Response (the lease then ends)."""
     import httpx
 
     worker = lease.worker
@@ -78,11 +81,11 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
     try:
-        upstream = await worker.client.send(
+        return await worker.client.send(
             worker.client.build_request(request.method, target, headers=headers, content=body),
             stream=True,
         )
-    except (httpx.TransportError, httpx.InvalidURL):
+    except (httpx.TransportError, httpx.InvalidURL, AttributeError):
         lease.release()
         return error_response(
             502,
@@ -91,6 +94,17 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
             code="engine_unavailable",
             path=path,
         )
+
+
+async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
+    """Send the request to the leased worker; the lease ends when the body does."""
+    import httpx
+
+    worker = lease.worker
+    path = path or request.url.path
+    upstream = await open_upstream(request, lease, body, path)
+    if isinstance(upstream, Response):
+        return upstream
     is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
 
     async def relay() -> AsyncIterator[bytes]:
@@ -102,8 +116,8 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
             if is_stream:
                 yield unavailable_frame(
                     path,
-                    f"the worker for {worker.ref.id} stopped mid-stream "
-                    f"({worker.state}); nothing was retried",
+                    f"the worker for {worker.ref.id} stopped mid-stream ({worker.state}); "
+                    "nothing was retried",
                 )
         finally:
             await upstream.aclose()

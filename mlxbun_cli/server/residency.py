@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxbun_cli.catalog import ModelRef, known_models, resolve
-from mlxbun_cli.errors import InputError
+from mlxbun_cli.errors import AdmissionError, InputError
 from mlxbun_cli.server.state import ServeOptions
 from mlxbun_cli.server.supervisor import EngineUnavailable, Supervisor, Worker
 
@@ -26,10 +26,6 @@ log = logging.getLogger("mlxbun.residency")
 # Activations, KV cache and the runtime beside the weights.
 OVERHEAD_FACTOR = 1.15
 OVERHEAD_BYTES = 64 * 1024 * 1024
-
-
-class AdmissionError(InputError):
-    """A model that cannot fit under the memory budget."""
 
 
 def estimate_bytes(ref: ModelRef) -> int:
@@ -139,7 +135,10 @@ class ModelRouter:
             if worker is None:
                 need = estimate_bytes(ref)
                 await self._make_room(need, ref.id)
-                worker = self.supervisor.new_worker(ref, need)
+                # The model may use what the others leave of the budget.
+                worker = self.supervisor.new_worker(
+                    ref, need, memory_ceiling=self.budget - self.resident_bytes
+                )
                 worker.keep_alive = self.options.keep_alive
             worker.pinned = worker.pinned or pin or ref.id in self.options.pinned
         return worker

@@ -26,9 +26,6 @@ router = APIRouter()
 register_error_shape(PREFIX, wire.error_body)
 
 
-# -- routes ------------------------------------------------------------------
-
-
 def _not_ready(state: ServerState) -> Response | None:
     if state.loaded is not None:
         return None

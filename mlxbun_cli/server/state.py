@@ -32,6 +32,7 @@ class ServeOptions:
     max_models: int = 2
     pinned: list[str] = field(default_factory=list)
     keep_alive: float | None = None  # idle seconds before a model unloads (None: never)
+    memory_ceiling: int | None = None  # bytes the engine's model may use (admission)
     log_level: str = "info"
     # The Responses wire's stored responses (previous_response_id, GET): in memory.
     response_store_entries: int = 1000
@@ -92,6 +93,7 @@ class ServerState:
                 loaded = load_model(
                     self.ref,
                     self.options.adapter,
+                    memory_ceiling=self.options.memory_ceiling,
                     cache_bytes=self.options.cache_bytes,
                     cache_entries=self.options.cache_entries,
                 )

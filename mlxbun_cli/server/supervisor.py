@@ -58,6 +58,7 @@ class Worker:
     last_used: float = field(default_factory=time.time)
     pinned: bool = False
     keep_alive: float | None = None
+    memory_ceiling: int | None = None
     client: Any = None
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -81,6 +82,7 @@ class Worker:
             "idle_s": round(time.time() - self.last_used, 1),
             "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0.0,
             "keep_alive_s": self.keep_alive,
+            "memory_ceiling": self.memory_ceiling,
         }
 
 
@@ -93,16 +95,24 @@ class Supervisor:
         self.workers: dict[str, Worker] = {}
         self._monitor: asyncio.Task | None = None
         self._stopping = False
+        self._spawned = 0
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def new_worker(self, ref: ModelRef, estimated_bytes: int, adapter: str | None = None) -> Worker:
-        index = len(os.listdir(self.socket_dir))
+    def new_worker(
+        self,
+        ref: ModelRef,
+        estimated_bytes: int,
+        adapter: str | None = None,
+        memory_ceiling: int | None = None,
+    ) -> Worker:
+        self._spawned += 1
         worker = Worker(
             ref,
             adapter,
-            os.path.join(self.socket_dir, f"w{index}-{os.getpid()}.sock"),
+            os.path.join(self.socket_dir, f"w{self._spawned}.sock"),
             estimated_bytes,
+            memory_ceiling=memory_ceiling,
         )
         self.workers[ref.id] = worker
         self._spawn(worker)
@@ -119,7 +129,9 @@ class Supervisor:
         worker.ready_event = asyncio.Event()
         worker.started_at = time.time()
         worker.proc = subprocess.Popen(
-            worker_args(self.options, worker.ref, worker.socket_path, worker.adapter),
+            worker_args(
+                self.options, worker.ref, worker.socket_path, worker.adapter, worker.memory_ceiling
+            ),
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )

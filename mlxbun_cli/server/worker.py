@@ -20,7 +20,11 @@ from mlxbun_cli.server.state import ServeOptions, ServerState
 
 
 def worker_args(
-    options: ServeOptions, ref: ModelRef, socket_path: str, adapter: str | None
+    options: ServeOptions,
+    ref: ModelRef,
+    socket_path: str,
+    adapter: str | None,
+    memory_ceiling: int | None = None,
 ) -> list[str]:
     worker_options = {
         **asdict(options),
@@ -29,6 +33,7 @@ def worker_args(
         "cors_origins": [],
         "model": ref.id,
         "adapter": adapter,
+        "memory_ceiling": memory_ceiling,
     }
     return [
         sys.executable,

@@ -1,0 +1,171 @@
+"""Isolated mode: worker processes, failure frames, respawn, residency, admission."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from serverutil import REPO, start_server
+
+BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def engine(server) -> dict:
+    return httpx.get(server.url + "/engine", timeout=10).json()
+
+
+def wait_for(predicate, timeout=30.0, step=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not reached in time")
+
+
+def test_parent_never_imports_mlx():
+    code = (
+        "import sys, pathlib\n"
+        "from mlxbun_cli.server.parent import create_parent_app\n"
+        "from mlxbun_cli.server.state import ServeOptions\n"
+        "from mlxbun_cli.catalog import ModelRef\n"
+        "create_parent_app(ServeOptions(isolated=True), ModelRef('m', pathlib.Path('.'), 'path'))\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('mlx', 'mlx_lm', 'transformers', 'numpy', 'tokenizers', 'llguidance')]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _stream_lines(url: str, path: str, body: dict, sink: list[str]) -> None:
+    with httpx.stream("POST", url + path, json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            sink.append(line)
+
+
+@pytest.mark.parametrize(
+    "path, body, check",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True},
+         lambda lines: json.loads(lines[-2][6:])["error"]["type"] == "engine_unavailable"
+         and lines[-1] == "data: [DONE]"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "x"}], "stream": True},
+         lambda lines: "event: error" in lines
+         and json.loads(lines[lines.index("event: error") + 1][6:])["error"]["type"] == "api_error"),
+    ],
+)
+def test_worker_killed_mid_stream_ends_with_the_wires_error_frame(server, no_eos_bias, path, body, check):
+    body = {**body, "max_tokens": 5000, "temperature": 0, "logit_bias": no_eos_bias}
+    if path == "/v1/messages":
+        body["logit_bias"] = no_eos_bias  # extra field, ignored by the wire if unknown
+    before = engine(server)["workers"][0]
+    lines: list[str] = []
+    reader = threading.Thread(target=_stream_lines, args=(server.url, path, body, lines))
+    reader.start()
+    wait_for(lambda: len(lines) > 10)
+    os.kill(before["pid"], signal.SIGKILL)
+    reader.join(30)
+    non_empty = [line for line in lines if line]
+    assert check(non_empty), non_empty[-4:]
+    after = wait_for(lambda: (w := engine(server)["workers"][0])["state"] == "ready" and w["pid"] != before["pid"] and w)
+    assert after["restarts"] == before["restarts"] + 1
+    assert after["last_exit"] == {"signal": "SIGKILL", "code": None}
+    ok = httpx.post(server.url + "/v1/chat/completions", json=BODY, timeout=60)
+    assert ok.status_code == 200
+
+
+@pytest.fixture
+def two_models(tiny_model_dir, tmp_path):
+    """A second tiny model, registered under a local id, and a home that knows both."""
+    from mlxbun_cli.demo_model import build_demo_model
+
+    other = build_demo_model(tmp_path / "other-model", size="tiny", seed=1)
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "models.json").write_text(json.dumps({"first": str(tiny_model_dir), "second": str(other)}))
+    return home
+
+
+def ps(server) -> dict:
+    return httpx.get(server.url + "/api/models/ps", timeout=10).json()
+
+
+def test_budget_for_one_model_alternates_and_never_evicts_a_leased_one(two_models, no_eos_bias):
+    srv = start_server("first", two_models, "--memory-budget", "100MB")
+    try:
+        for model in ("second", "first", "second"):
+            r = httpx.post(srv.url + "/v1/chat/completions", json={**BODY, "model": model}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert [m["model"] for m in ps(srv)["models"]] == [model]
+        assert ps(srv)["evictions"] == 3
+        # An unknown name is answered by the current model.
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**BODY, "model": "gpt-4o"}, timeout=60)
+        assert r.status_code == 200
+        # While "second" streams, "first" cannot evict it.
+        lines: list[str] = []
+        long = {"messages": [{"role": "user", "content": "x"}], "model": "second", "stream": True,
+                "max_tokens": 3000, "logit_bias": no_eos_bias}
+        reader = threading.Thread(target=_stream_lines, args=(srv.url, "/v1/chat/completions", long, lines))
+        reader.start()
+        wait_for(lambda: len(lines) > 5)
+        refused = httpx.post(srv.url + "/v1/chat/completions", json={**BODY, "model": "first"}, timeout=60)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "memory_admission"
+        assert [m["model"] for m in ps(srv)["models"]] == ["second"]
+        reader.join(60)
+        assert [line for line in lines if line][-1] == "data: [DONE]"
+        # The lease ended with the stream: now "first" can load.
+        assert httpx.post(srv.url + "/v1/chat/completions", json={**BODY, "model": "first"}, timeout=60).status_code == 200
+        models = httpx.get(srv.url + "/v1/models").json()["data"]
+        resident = {m["id"]: m["resident"] for m in models}
+        assert resident["first"] and not resident["second"]
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_memory_admission_refuses_and_clamps(tiny_model_dir, tmp_path):
+    srv = start_server(tiny_model_dir, tmp_path / "home", "--in-process", "--memory-budget", "1MB")
+    try:
+        big = {"messages": [{"role": "user", "content": "word " * 1200}], "max_tokens": 5}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=big, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "memory_admission"
+        a = httpx.post(srv.url + "/v1/messages", json={**big, "max_tokens": 5}, timeout=60)
+        assert a.status_code == 400 and a.json()["type"] == "error"
+        small = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}
+        ok = httpx.post(srv.url + "/v1/chat/completions", json=small, timeout=120)
+        assert ok.status_code == 200
+        assert ok.headers["x-max-tokens-clamped"].startswith("100000->")
+    finally:
+        assert srv.stop() == 0
+
+
+def test_responses_history_survives_a_worker_restart(server, openai_client):
+    first = openai_client.responses.create(model="x", input="Remember the word apple.", max_output_tokens=5)
+    assert first.previous_response_id is None
+    pid = engine(server)["workers"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: (w := engine(server)["workers"][0])["state"] == "ready" and w["pid"] != pid)
+    second = openai_client.responses.create(
+        model="x", input="What was the word?", previous_response_id=first.id, max_output_tokens=5
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens  # turn one was in the prompt
+    assert openai_client.responses.retrieve(second.id).id == second.id
+    stats = httpx.get(server.url + "/stats").json()
+    assert stats["response_store"]["entries"] >= 2
+    with openai_client.responses.stream(
+        model="x", input="and again", previous_response_id=second.id, max_output_tokens=400
+    ) as stream:
+        events = [e.type for e in stream]
+    assert events[0] == "response.created"
+    third_id = [e for e in events if e.startswith("response.")][-1]
+    assert third_id in ("response.completed", "response.incomplete")
