@@ -11,7 +11,16 @@ import sys
 import typer
 
 from mlxbun_cli import __version__
-from mlxbun_cli.commands import chat, config_cmd, daemon_cmd, generate, jobs, models, serve
+from mlxbun_cli.commands import (
+    chat,
+    config_cmd,
+    daemon_cmd,
+    generate,
+    jobs,
+    models,
+    serve,
+    stats,
+)
 
 app = typer.Typer(
     name="mlxbun",
@@ -43,6 +52,7 @@ def root(
 app.command("generate")(generate.generate)
 app.command("chat")(chat.chat)
 app.command("serve")(serve.serve)
+app.command("stats")(stats.stats)
 app.add_typer(daemon_cmd.app, name="daemon")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(models.app, name="models")

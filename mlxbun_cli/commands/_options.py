@@ -157,6 +157,30 @@ ToolChoice = Annotated[
 ]
 
 
+SAMPLING_PARAMS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    "max_tokens",
+    "stop",
+    "think",
+    "reasoning_effort",
+)
+
+
+def fields_from(params: dict) -> dict:
+    """The sampling flags among a command's parameters → request fields."""
+    return sampling_fields(**{name: params[name] for name in SAMPLING_PARAMS})
+
+
 def sampling_fields(
     *,
     temperature,

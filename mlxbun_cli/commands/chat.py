@@ -7,12 +7,14 @@ from typing import Annotated
 import typer
 
 from mlxbun_cli.commands import _options as o
+from mlxbun_cli.completion import complete_model
 
 
 def chat(
     model: Annotated[
         str | None,
         typer.Argument(
+            autocompletion=complete_model,
             help="Model: `demo`, a local directory, an HF repo id in the local cache, or a unique part of a local name. Default: the configured default_model.",
             show_default=False,
         ),
@@ -63,23 +65,7 @@ def chat(
     from mlxbun_cli.chat_session import ChatSession
     from mlxbun_cli.services.generate import open_backend, structure_fields
 
-    fields = o.sampling_fields(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        xtc_probability=xtc_probability,
-        xtc_threshold=xtc_threshold,
-        repetition_penalty=repetition_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        logit_bias=logit_bias,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        think=think,
-        reasoning_effort=reasoning_effort,
-    )
+    fields = o.fields_from(locals())
     fields.update(structure_fields(json_schema, tools, tool_choice))
     session = ChatSession(fields=fields, system=system, show_thinking=not hide_thinking)
     session.request_for("check")  # bad flags fail before the model loads

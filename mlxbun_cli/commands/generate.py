@@ -7,12 +7,14 @@ from typing import Annotated
 import typer
 
 from mlxbun_cli.commands import _options as o
+from mlxbun_cli.completion import complete_model
 
 
 def generate(
     model: Annotated[
         str | None,
         typer.Argument(
+            autocompletion=complete_model,
             help="Model: `demo`, a local directory, an HF repo id in the local cache, or a unique part of a local name.",
             show_default=False,
         ),
@@ -119,23 +121,7 @@ def generate(
         structure_fields,
     )
 
-    fields = o.sampling_fields(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        xtc_probability=xtc_probability,
-        xtc_threshold=xtc_threshold,
-        repetition_penalty=repetition_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        logit_bias=logit_bias,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        think=think,
-        reasoning_effort=reasoning_effort,
-    )
+    fields = o.fields_from(locals())
     fields.update(structure_fields(json_schema, tools, tool_choice))
     if batch is not None or output is not None:
         from mlxbun_cli.commands.jobs import batch_command, check_batch_flags

@@ -525,8 +525,9 @@ def list_(
     from rich.table import Table
 
     table = Table(title="jobs", title_justify="left")
-    for column in ("id", "kind", "state", "progress", "created", "output"):
-        table.add_column(column, overflow="fold")
+    for column in ("id", "kind", "state", "progress", "created"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("output", overflow="fold")
     for job in jobs:
         table.add_row(
             job["id"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -180,6 +180,83 @@ def forget(
 
 
 # --- rendering -----------------------------------------------------------------------
+
+
+@app.command("ps")
+def ps(
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Models resident in the daemon: memory, leases, idle time.
+
+    Example: mlxbun models ps
+    """
+    import time
+
+    from mlxbun_cli import ui
+    from mlxbun_cli.render import human_bytes
+    from mlxbun_cli.services.residency_client import resident_models
+
+    report = resident_models()
+    if json_out:
+        ui.print_json(report)
+        return
+    out = ui.console()
+    out.print(
+        f"budget {human_bytes(report['budget_bytes'])} · resident {human_bytes(report['resident_bytes'])}"
+        f" · max {report['max_models']} models · {report['evictions']} evictions"
+    )
+    if not report["models"]:
+        out.print("[muted]no model resident[/muted]")
+    for m in report["models"]:
+        flags = [
+            f
+            for f, on in (("current", m["model"] == report["current"]), ("pinned", m["pinned"]))
+            if on
+        ]
+        idle = time.time() - m["last_used"]
+        out.print(
+            f"{m['model']}  {m['state']}  pid {m['pid']}  ~{human_bytes(m['estimated_bytes'])}  "
+            f"leases {m['leases']}  idle {idle:.0f}s  restarts {m['restarts']}"
+            + (f"  ({', '.join(flags)})" if flags else "")
+        )
+
+
+@app.command("load")
+def load(
+    model: Annotated[str, typer.Argument(help="A local model id.", autocompletion=complete_model)],
+    pin: Annotated[
+        bool, typer.Option("--pin", help="Keep it resident (never evicted, no idle unload).")
+    ] = False,
+) -> None:
+    """Load a model into the daemon (evicting an idle one if the budget needs room).
+
+    Example: mlxbun models load mlx-community/Qwen3-4B-4bit --pin
+    """
+    from mlxbun_cli import ui
+    from mlxbun_cli.services import residency_client
+
+    with ui.err_console().status(f"loading {model}…"):
+        result = residency_client.load(model, pin)
+    ui.console().print(
+        f"[good]loaded[/good] {result['model']['model']} (pid {result['model']['pid']})"
+    )
+
+
+@app.command("unload")
+def unload(
+    model: Annotated[
+        str, typer.Argument(help="A resident model id.", autocompletion=complete_model)
+    ],
+) -> None:
+    """Unload a resident model from the daemon (refused while it serves a request).
+
+    Example: mlxbun models unload demo
+    """
+    from mlxbun_cli import ui
+    from mlxbun_cli.services import residency_client
+
+    residency_client.unload(model)
+    ui.console().print(f"[good]unloaded[/good] {model}")
 
 
 def human_count(n: int | None) -> str:

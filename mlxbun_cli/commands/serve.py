@@ -7,13 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from mlxbun_cli.commands import _options as o
+from mlxbun_cli.completion import complete_model
 
 
 def serve(
     model: Annotated[
         Optional[str],
         typer.Argument(
-            help="Model to serve (default: the default_model setting).", show_default=False
+            autocompletion=complete_model,
+            help="Model to serve (default: the default_model setting).",
+            show_default=False,
         ),
     ] = None,
     host: Annotated[

@@ -168,10 +168,11 @@ class _Reporter:
             "tokens_per_s": tokens_s,
             "peak_memory_bytes": memory,
         }
-        self.ctx.progress(progress, force=self.step == p["iters"])
+        stopping = self.ctx.stop.is_set()
+        self.ctx.progress(progress, force=stopping or self.step == p["iters"])
         if self.step % p["save_every"] == 0 and self.step < p["iters"]:
             self.checkpoint()
-        if self.ctx.stop.is_set():
+        if stopping:
             self.checkpoint()
             raise _StopTraining()
 

@@ -6,21 +6,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 
 from mlxbun_cli import __version__
-from mlxbun_cli.errors import MlxbunError
-from mlxbun_cli.protocols import WireError
 from mlxbun_cli.server import (
-    errors,
     routes_admin,
     routes_anthropic,
     routes_jobs,
     routes_openai,
     routes_responses,
 )
-from mlxbun_cli.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.state import ServerState
 
 
@@ -46,20 +41,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_responses.router)
     app.include_router(routes_anthropic.router)
     app.include_router(routes_jobs.router)
-    app.add_exception_handler(WireError, errors.wire_error)
-    app.add_exception_handler(MlxbunError, errors.mlxbun_error)
-    app.add_exception_handler(StarletteHTTPException, errors.http_error)
-    app.add_exception_handler(Exception, errors.unexpected_error)
-    options = state.options
-    if options.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=options.cors_origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["Warning", "X-Max-Tokens-Clamped"],
-        )
-    if options.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_body_bytes)
+    install_common(app, state.options)
     return app

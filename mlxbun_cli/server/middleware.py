@@ -114,3 +114,29 @@ class BodyLimitMiddleware:
 
 class _TooLarge(Exception):
     pass
+
+
+def install_common(app: Any, options: Any) -> None:
+    """Error handlers and middleware every mlxbun app shares (engine and parent)."""
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.middleware.cors import CORSMiddleware
+
+    from mlxbun_cli.errors import MlxbunError
+    from mlxbun_cli.protocols import WireError
+    from mlxbun_cli.server import errors
+
+    app.add_exception_handler(WireError, errors.wire_error)
+    app.add_exception_handler(MlxbunError, errors.mlxbun_error)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error)
+    app.add_exception_handler(Exception, errors.unexpected_error)
+    if options.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=options.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Warning", "X-Max-Tokens-Clamped"],
+        )
+    if options.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_body_bytes)

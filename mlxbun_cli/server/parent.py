@@ -16,16 +16,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
-from mlxbun_cli.errors import InputError, MlxbunError
+from mlxbun_cli.errors import InputError
 from mlxbun_cli.protocols import WireError, anthropic
 from mlxbun_cli.server import errors
-from mlxbun_cli.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.parent_responses import build_responses_router
 from mlxbun_cli.server.proxy import forward, open_upstream
 from mlxbun_cli.server.residency import AdmissionError, ModelRouter
@@ -262,21 +260,7 @@ def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI
         options.response_store_entries, options.response_store_bytes, options.response_store_ttl_s
     )
     app.include_router(build_router(router, counters, started_at, store))
-    app.add_exception_handler(WireError, errors.wire_error)
-    app.add_exception_handler(MlxbunError, errors.mlxbun_error)
-    app.add_exception_handler(StarletteHTTPException, errors.http_error)
-    app.add_exception_handler(Exception, errors.unexpected_error)
-    if options.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=options.cors_origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["Warning", "X-Max-Tokens-Clamped"],
-        )
-    if options.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_body_bytes)
+    install_common(app, options)
     return app, router
 
 

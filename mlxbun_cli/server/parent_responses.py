@@ -22,16 +22,6 @@ Lease = Any
 LeaseFor = Callable[[Request, dict[str, Any]], Awaitable["Lease | Response"]]
 
 
-def _not_found(rid: str, param: str | None = None, code: str | None = None) -> WireError:
-    return WireError(
-        f"no stored response with id {rid!r} (it was not stored, was deleted, or has expired)",
-        param,
-        status=404,
-        type="invalid_request_error",
-        code=code,
-    )
-
-
 def _read_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
@@ -40,7 +30,7 @@ def _read_json(raw: bytes) -> Any:
 
 
 def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Callable) -> APIRouter:
-    from mlxbun_cli.server.routes_responses import RESPONSES_BODY
+    from mlxbun_cli.server.routes_responses import RESPONSES_BODY, _not_found
 
     api = APIRouter()
 

@@ -155,8 +155,15 @@ def _in_process(
     started = store.start_run(job.id, owner_pid=os.getpid())
     assert started is not None
     ctx = JobContext(store, started, listener)
+
+    def work(ctx: JobContext) -> None:
+        # Start the scheduler from one thread: LoadedModel.scheduler is created lazily,
+        # and N threads racing to be first would each start one.
+        _ = backend.loaded.scheduler
+        dataset.run(ctx, backend)
+
     try:
-        execute(ctx, lambda c: dataset.run(c, backend))
+        execute(ctx, work)
     except KeyboardInterrupt:
         pass  # recorded as interrupted; what was written stays
     finally:
