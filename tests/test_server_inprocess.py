@@ -1,0 +1,67 @@
+"""The ASGI app driven in process (httpx's ASGI transport): states a subprocess can't hold still."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from mlxbun_cli.catalog import ModelRef
+from mlxbun_cli.server.app import create_app
+from mlxbun_cli.server.state import ServeOptions, ServerState
+
+
+def call(app, method: str, path: str, **kwargs) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+def loading_app(tmp_path, **options) -> object:
+    # A state that never started loading: what every route sees while a model loads.
+    state = ServerState(ServeOptions(**options), ModelRef("m", tmp_path, "path"))
+    return create_app(state)
+
+
+def test_503_while_loading_on_every_wire(tmp_path):
+    app = loading_app(tmp_path)
+    health = call(app, "GET", "/health")
+    assert health.status_code == 503 and health.json()["status"] == "loading"
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+    chat = call(app, "POST", "/v1/chat/completions", json=body)
+    assert chat.status_code == 503 and chat.json()["error"]["type"] == "engine_unavailable"
+    assert chat.headers["retry-after"] == "1"
+    messages = call(app, "POST", "/v1/messages", json=body)
+    assert messages.status_code == 503 and messages.json()["type"] == "error"
+
+
+def test_cors_is_configurable(tmp_path):
+    preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+    default = call(loading_app(tmp_path), "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert default.headers["access-control-allow-origin"] in ("*", "http://app.example")
+    narrow = loading_app(tmp_path, cors_origins=["http://only.example"])
+    refused = call(narrow, "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in refused.headers
+    allowed = call(
+        narrow,
+        "OPTIONS",
+        "/v1/chat/completions",
+        headers={**preflight, "Origin": "http://only.example"},
+    )
+    assert allowed.headers["access-control-allow-origin"] == "http://only.example"
+    off = call(
+        loading_app(tmp_path, cors_origins=[]), "OPTIONS", "/v1/chat/completions", headers=preflight
+    )
+    assert "access-control-allow-origin" not in off.headers
+
+
+def test_errors_take_the_shape_of_their_wire(tmp_path):
+    app = loading_app(tmp_path, api_key="k")
+    openai_401 = call(app, "POST", "/v1/chat/completions", json={})
+    assert openai_401.status_code == 401 and "error" in openai_401.json()
+    anthropic_401 = call(app, "POST", "/v1/messages", json={})
+    assert anthropic_401.status_code == 401 and anthropic_401.json()["type"] == "error"
+    assert call(app, "GET", "/health").status_code == 503  # open without a key
