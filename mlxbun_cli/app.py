@@ -45,8 +45,15 @@ def root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Log what happens underneath (to stderr)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only results and errors."),
 ) -> None:
     """Local language models on MLX."""
+    from mlxbun_cli import ui
+
+    ui.configure(verbose=verbose, quiet=quiet)
 
 
 app.command("generate")(generate.generate)

@@ -25,6 +25,8 @@ def human_bytes(n: int | float | None) -> str:
 
 
 def model_banner(info: ModelInfo) -> None:
+    if ui.is_quiet():
+        return
     parts = [f"{info.id} ({info.where})"]
     if info.load_seconds is not None:
         parts.append(f"loaded in {info.load_seconds:.2f}s")
@@ -80,7 +82,7 @@ def stream_plain(events: Iterable[OutputEvent], *, show_stats: bool = True) -> C
         from mlxbun_cli.errors import GenerationError
 
         raise GenerationError(done.error or "generation failed")
-    if show_stats and done:
+    if show_stats and done and not ui.is_quiet():
         ui.note(stats_line(done))
     return result
 

@@ -55,9 +55,29 @@ def print_error(message: str, hint: str | None = None) -> None:
         out.print(f"[muted]hint: {escape(hint)}[/muted]")
 
 
+_QUIET = False
+
+
+def configure(verbose: bool = False, quiet: bool = False) -> None:
+    """Root flags: -v logs what happens underneath; -q keeps only results and errors."""
+    global _QUIET
+    _QUIET = quiet
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+        for noisy in ("httpcore", "httpx", "urllib3", "filelock", "asyncio"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def is_quiet() -> bool:
+    return _QUIET
+
+
 def note(message: str) -> None:
     """A muted status line on stderr, so stdout stays clean for pipes."""
-    err_console().print(f"[muted]{escape(message)}[/muted]")
+    if not _QUIET:
+        err_console().print(f"[muted]{escape(message)}[/muted]")
 
 
 def escape(text: str) -> str:

@@ -99,10 +99,10 @@ def print_job(job: dict[str, Any]) -> None:
     if job.get("error"):
         rows.append(("error", job["error"]))
     for key, value in rows:
-        out.print(f"  [muted]{key:>9}[/muted]  {ui.escape(str(value))}")
+        out.print(f"  [muted]{key:>14}[/muted]  {ui.escape(str(value))}")
     for key, value in (job.get("params") or {}).items():
-        if value is not None:
-            out.print(f"  [muted]{key:>9}[/muted]  {ui.escape(str(value))}")
+        if value is not None and value != {}:
+            out.print(f"  [muted]{key:>14}[/muted]  {ui.escape(str(value))}")
 
 
 def event_line(kind: str, data: dict[str, Any]) -> str | None:
@@ -111,7 +111,8 @@ def event_line(kind: str, data: dict[str, Any]) -> str | None:
         return str(data.get("message", ""))
     if kind == "state":
         error = f": {data['error']}" if data.get("error") else ""
-        return f"{data.get('state')}{error}"
+        resumed = " (resumed)" if data.get("resumed") else ""
+        return f"{data.get('state')}{resumed}{error}"
     if kind == "train":
         return (
             f"step {data.get('step')}: loss {data.get('loss', 0):.4f} · "

@@ -124,6 +124,7 @@ def load_model(
         log.exception("model load failed")
         raise ModelLoadError(f"could not load model {ref.id}: {type(exc).__name__}: {exc}") from exc
     elapsed = time.perf_counter() - started
+    log.info("loaded %s from %s in %.2fs", ref.id, ref.path, elapsed)
     return LoadedModel(
         ref=ref,
         model=model,

@@ -264,6 +264,14 @@ class Scheduler:
             self.stats.cached_tokens += cached
             item.uid = uid
             self._active[uid] = item
+            log.debug(
+                "admitted request %s: %d prompt tokens (%d cached), max %d, batch of %d",
+                item.handle.request_id,
+                len(prompt),
+                cached,
+                request.max_tokens,
+                len(self._active),
+            )
 
     def _fetch_cache(self, key: Any, prompt: list[int]) -> tuple[Any, list[int]]:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache

@@ -39,6 +39,7 @@ class JobContext:
         self.stop = threading.Event()
         self.cancel_requested = False  # set with `stop` when the user cancelled
         self._last_progress = 0.0
+        self._pending: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,11 +70,18 @@ class JobContext:
         """Progress for watchers; written to the store at most every half second."""
         if self.listener is not None:
             self.listener("progress", data)
+        with self._lock:
+            self._pending = data
+        self.flush_progress(force)
+
+    def flush_progress(self, force: bool = False) -> None:
+        """Write the latest progress if the interval has passed (or `force`)."""
         now = time.monotonic()
         with self._lock:
-            if not force and now - self._last_progress < self.PROGRESS_INTERVAL:
+            data = self._pending
+            if data is None or (not force and now - self._last_progress < self.PROGRESS_INTERVAL):
                 return
-            self._last_progress = now
+            self._last_progress, self._pending = now, None
         self.store.set_progress(self.id, data, attempt=self.job.attempt)
 
     def stop_state(self) -> str:

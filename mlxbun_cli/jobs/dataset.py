@@ -397,6 +397,7 @@ class _Pool:
                 alive = next((t for t in threads if t.is_alive()), None)
                 if alive is not None:
                     alive.join(0.1)
+                self.ctx.flush_progress()  # the last burst of results, once the interval is up
         except KeyboardInterrupt:  # Ctrl-C in the CLI: stop cleanly, keep what is done
             self.ctx.request_stop(cancel=False)
             self._cancel_inflight()
