@@ -94,9 +94,9 @@ def _register_exit_cleanup() -> None:
     if not _exit_cleanup_registered:
         import atexit
 
-        from mlxbun_cli.engine.scheduler import release_streams
+        from mlxbun_cli.engine.scheduler import close_all
 
-        atexit.register(release_streams)
+        atexit.register(close_all)
         _exit_cleanup_registered = True
 
 

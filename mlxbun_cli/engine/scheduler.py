@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,16 @@ from mlxbun_cli.engine.types import EngineRequest, Finished, TokenStep, Usage
 log = logging.getLogger(__name__)
 
 Event = TokenStep | Finished
+
+
+_live: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """At exit: stop every scheduler still running, then clear this thread's streams."""
+    for scheduler in list(_live):
+        scheduler.close()
+    release_streams()
 
 
 def release_streams() -> None:
@@ -90,6 +101,7 @@ class Handle:
     def cancel(self) -> None:
         if not self.cancelled.is_set():
             self.cancelled.set()
+            self._scheduler._cancel_pending.set()
             self._scheduler._wake.set()
 
 
@@ -122,6 +134,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._inbox: queue.SimpleQueue[_Active] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._cancel_pending = threading.Event()
         self._stop = threading.Event()
         self._ids = itertools.count(1)
         self._active: dict[int, _Active] = {}  # uid -> request
@@ -137,6 +150,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="mlxbun-scheduler", daemon=True)
         self._thread.start()
         self._ready.wait()
+        _live.add(self)
 
     # -- caller side ---------------------------------------------------------
 
@@ -222,6 +236,8 @@ class Scheduler:
             release_streams()
 
     def _admit(self, generator: Any) -> None:
+        if self._inbox.empty():  # the common case, checked every step
+            return
         from mlxbun_cli.engine.sampling import make_request_processors, make_request_sampler
 
         while True:
@@ -289,6 +305,9 @@ class Scheduler:
         return cache, rest
 
     def _reap_cancelled(self, generator: Any) -> None:
+        if not self._cancel_pending.is_set():
+            return
+        self._cancel_pending.clear()
         gone = [uid for uid, item in self._active.items() if item.handle.cancelled.is_set()]
         if not gone:
             return
