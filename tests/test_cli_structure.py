@@ -14,6 +14,7 @@ SCHEMA = {
         "score": {"type": "integer", "minimum": 0, "maximum": 9},
     },
     "required": ["answer", "score"],
+    "additionalProperties": False,  # else a random model may add keys until max_tokens
 }
 TOOLS = [
     {
