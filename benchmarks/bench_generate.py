@@ -344,13 +344,11 @@ def worker_inproc(argv: list[str]) -> None:
         model, tokenizer = lm_load(a.model)
         sampler = make_sampler(0.0)
 
-        fields = GenerationRequest.__dataclass_fields__
-
         def request(prompt: str) -> GenerationRequest:
             req = GenerationRequest(
                 messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0
             )
-            if "session_id" in fields:
+            if hasattr(req, "session_id"):
                 # A fresh prompt-cache namespace per run: mlxbun's prompt cache
                 # would otherwise skip the prefill on every repeat, which
                 # mlx_lm.stream_generate has no equivalent of (TTFT/wall only).
@@ -686,6 +684,12 @@ def summarize(mode, size, n, prompt, runs, warm) -> dict[str, Any]:
         "ratio_runs": [rnd(r, 4) for r in ratios],
         "full_length": full,
         "same_text": texts_same,
+        "prompt_tokens_match": (
+            {b.get("prompt_tokens") for b, _ in ok_pairs}
+            == {m.get("prompt_tokens") for _, m in ok_pairs}
+        )
+        if ok_pairs
+        else None,
         "target": DECODE_TARGET,
         "verdict": verdict,
         "noisy": noisy,
