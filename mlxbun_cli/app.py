@@ -18,6 +18,7 @@ from mlxbun_cli.commands import (
     generate,
     jobs,
     models,
+    push,
     serve,
     stats,
 )
@@ -64,6 +65,7 @@ app.add_typer(daemon_cmd.app, name="daemon")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(models.app, name="models")
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(push.app, name="push")
 
 
 def _click_exceptions():

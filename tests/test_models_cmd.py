@@ -19,12 +19,11 @@ import struct
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import pytest
 from conftest import REPO, run_cli
+from hubstub import FakeHub
 
 from mlxbun_cli import catalog, model_info, paths
 from mlxbun_cli.errors import InputError, InvalidModelError, MlxbunError, OptionError
@@ -417,109 +416,6 @@ def test_resident_model_is_listed_and_not_removed(tiny_model_dir, hf_cache, isol
 
 
 # --- pull, against a stand-in Hub ------------------------------------------------------
-
-
-class FakeHub(ThreadingHTTPServer):
-    """The part of the Hub API `snapshot_download` uses, for repos held in memory.
-
-    GET  /api/models/{repo}/revision/{rev}   repo info: sha, siblings
-    GET  /api/models/{repo}/tree/{sha}       file listing (one page)
-    HEAD/GET /{repo}/resolve/{rev}/{file}    the file, with ETag, X-Repo-Commit,
-                                             Content-Length; Range for resumes
-    Errors carry X-Error-Code as the Hub's do (RepoNotFound, GatedRepo, ...).
-    """
-
-    daemon_threads = True
-
-    def __init__(self, repos: dict[str, dict[str, bytes]], gated: set[str]) -> None:
-        super().__init__(("127.0.0.1", 0), HubHandler)
-        self.repos, self.gated, self.requests = repos, gated, []
-        self.shas = {
-            repo: hashlib.sha1(json.dumps(sorted(files)).encode()).hexdigest()
-            for repo, files in repos.items()
-        }
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class HubHandler(BaseHTTPRequestHandler):
-    server: FakeHub
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._serve(body=False)
-
-    def do_GET(self) -> None:
-        self._serve(body=True)
-
-    def _serve(self, body: bool) -> None:
-        path = unquote(urlparse(self.path).path)
-        self.server.requests.append((self.command, path))
-        parts = path.strip("/").split("/")
-        if parts[0] == "api" and len(parts) >= 6 and parts[1] == "models":
-            repo, kind, rev = "/".join(parts[2:4]), parts[4], parts[5]
-            if self._check(repo, rev):
-                self._api(repo, kind, body)
-        elif len(parts) >= 5 and parts[2] == "resolve":
-            repo, rev, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-            if self._check(repo, rev):
-                self._file(repo, name, body)
-        else:
-            self._error(404, "EntryNotFound")
-
-    def _check(self, repo: str, rev: str) -> bool:
-        if repo not in self.server.repos:
-            self._error(404, "RepoNotFound", "Repository not found")
-        elif repo in self.server.gated:
-            self._error(403, "GatedRepo", f"Access to model {repo} is restricted.")
-        elif rev not in ("main", self.server.shas[repo]):
-            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-        else:
-            return True
-        return False
-
-    def _api(self, repo: str, kind: str, body: bool) -> None:
-        files, sha = self.server.repos[repo], self.server.shas[repo]
-        if kind == "revision":
-            data = {"id": repo, "sha": sha, "siblings": [{"rfilename": n} for n in files]}
-        else:
-            data = [
-                {"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                for n, b in files.items()
-            ]
-        self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json"}, body)
-
-    def _file(self, repo: str, name: str, body: bool) -> None:
-        data = self.server.repos[repo].get(name)
-        if data is None:
-            self._error(404, "EntryNotFound", f"{name} does not exist")
-            return
-        headers = {
-            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-            "X-Repo-Commit": self.server.shas[repo],
-            "Content-Type": "application/octet-stream",
-        }
-        start = 0
-        if (rng := self.headers.get("Range", "")).startswith("bytes="):
-            start = int(rng[6:].split("-")[0] or 0)
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(206 if start else 200, data[start:], headers, body)
-
-    def _error(self, status: int, code: str, message: str = "") -> None:
-        headers = {"X-Error-Code": code, "X-Error-Message": message}
-        self._send(status, json.dumps({"error": message}).encode(), headers, True)
-
-    def _send(self, status: int, data: bytes, headers: dict, body: bool) -> None:
-        self.send_response(status)
-        for key, value in {**headers, "Content-Length": str(len(data))}.items():
-            self.send_header(key, value)
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
 
 
 @pytest.fixture

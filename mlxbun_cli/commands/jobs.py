@@ -569,9 +569,9 @@ def watch(job_id: JobId, remote: Remote = None) -> None:
 
     Example: mlxbun jobs watch job_3fa2
     """
-    from mlxbun_cli.jobs.client import require_daemon
+    from mlxbun_cli.jobs.client import jobs_api
 
-    client = require_daemon(remote)
+    client = jobs_api(remote)
     try:
         final = watch_job(client, job_id)
     finally:
@@ -588,7 +588,7 @@ def logs(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON event a line.")] = False,
     remote: Remote = None,
 ) -> None:
-    """A job's events, one a line (progress events only with --json).
+    """A job's events, one a line (--json: every event, progress too, as JSON).
 
     Example: mlxbun jobs logs job_3fa2 -f
     """
@@ -596,9 +596,9 @@ def logs(
     import sys
 
     from mlxbun_cli import ui
-    from mlxbun_cli.jobs.client import jobs_api, require_daemon
+    from mlxbun_cli.jobs.client import jobs_api
 
-    client = require_daemon(remote) if follow else jobs_api(remote)
+    client = jobs_api(remote)
     try:
         for kind, event in client.events(job_id, follow=follow):
             if kind == "end":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ class LoadedModel:
     context_length: int | None
     memory_ceiling: int | None = None  # bytes this model may use in all (admission)
     _scheduler: Any = field(default=None, repr=False)
+    _scheduler_lock: Any = field(default_factory=threading.Lock, repr=False)
     scheduler_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -57,11 +59,12 @@ class LoadedModel:
 
     @property
     def scheduler(self) -> Any:
-        if self._scheduler is None:
-            from mlxbun_cli.engine.scheduler import Scheduler
+        with self._scheduler_lock:  # concurrent first users must share one scheduler
+            if self._scheduler is None:
+                from mlxbun_cli.engine.scheduler import Scheduler
 
-            self._scheduler = Scheduler(self.model, self.tokenizer, **self.scheduler_options)
-        return self._scheduler
+                self._scheduler = Scheduler(self.model, self.tokenizer, **self.scheduler_options)
+            return self._scheduler
 
     def close(self) -> None:
         if self._scheduler is not None:
@@ -123,6 +126,9 @@ def load_model(
     except Exception as exc:  # mlx-lm raises many kinds; the user needs one line
         log.exception("model load failed")
         raise ModelLoadError(f"could not load model {ref.id}: {type(exc).__name__}: {exc}") from exc
+    # Materialise every weight now (LoRA layers included), on this thread, so the
+    # scheduler thread never has to evaluate arrays bound to another thread's stream.
+    mx.eval(model.parameters())
     elapsed = time.perf_counter() - started
     log.info("loaded %s from %s in %.2fs", ref.id, ref.path, elapsed)
     return LoadedModel(

@@ -2,6 +2,7 @@
 
 store.py     SQLite (WAL) job store: jobs, their events, append-only migrations
 params.py    per-kind parameter checks, run before a job is queued (no mlx)
+context.py   what a runner sees: params, events, progress, the stop request
 dataset.py   batch generation over a Backend: JSONL in, OpenAI batch JSONL out
 quantize.py  mlx-lm convert into the models dir        (runs in a worker process)
 finetune.py  LoRA / DoRA SFT with mlx-lm's trainer     (runs in a worker process)

@@ -91,6 +91,16 @@ class DaemonJobs:
             if len(batch) < 1000:
                 return
 
+    def runs_jobs(self) -> bool:
+        """Whether this server has the job routes (a model worker or an old server has not)."""
+        import httpx
+
+        try:
+            response = self.client.get("/api/jobs", params={"limit": 0}, timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code in (200, 401)
+
     def _stream(self, job_id: str, after: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
         import httpx
 
@@ -190,6 +200,13 @@ class StoreJobs:
         return removed
 
     def events(self, job_id: str, follow: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Past events; with `follow`, new ones too (polled) until the job ends.
+
+        Only an in-process `generate --batch` in another terminal moves a job
+        while no daemon runs; anything else is already over.
+        """
+        import time
+
         job = self.store.resolve(job_id)
         after = 0
         while True:
@@ -197,12 +214,22 @@ class StoreJobs:
             for event in batch:
                 yield event.type, event.as_dict()
                 after = event.seq
-            if len(batch) < 1000:
+            if len(batch) == 1000:
+                continue
+            if not follow:
                 return
+            current = self.store.get(job.id)
+            if current is None or current.finished:
+                if not self.store.events(job.id, after, 1):
+                    job_dict = current.as_dict() if current else None
+                    yield "end", {"job": job_dict, "reason": "finished"}
+                    return
+                continue
+            time.sleep(0.2)
 
 
 def daemon_jobs(remote: str | None = None) -> DaemonJobs | None:
-    """The running daemon's job API (or the server at `remote`), None when none runs."""
+    """The running daemon's job API (or the server at `remote`); None when none runs one."""
     from mlxbun_cli.config import Settings
 
     api_key = Settings().api_key
@@ -211,14 +238,27 @@ def daemon_jobs(remote: str | None = None) -> DaemonJobs | None:
     from mlxbun_cli.client import daemon
 
     running = daemon.find_running()
-    return DaemonJobs(running.url, api_key) if running is not None else None
+    if running is None:
+        return None
+    client = DaemonJobs(running.url, api_key)
+    if not client.runs_jobs():
+        client.close()
+        return None
+    return client
 
 
 def require_daemon(remote: str | None = None) -> DaemonJobs:
     client = daemon_jobs(remote)
-    if client is None:
-        raise BackendUnavailableError("no mlxbun daemon is running", hint=NO_DAEMON_HINT)
-    return client
+    if client is not None:
+        return client
+    from mlxbun_cli.client import daemon
+
+    if daemon.find_running() is not None:
+        raise BackendUnavailableError(
+            "the running mlxbun server does not answer the jobs API",
+            hint="is it an mlxbun daemon of this version? `mlxbun daemon status` shows it",
+        )
+    raise BackendUnavailableError("no mlxbun daemon is running", hint=NO_DAEMON_HINT)
 
 
 def jobs_api(remote: str | None = None) -> DaemonJobs | StoreJobs:

@@ -309,22 +309,23 @@ def run(ctx: JobContext, backend: Backend) -> DatasetStats:
     params = ctx.params
     source, output = Path(params["input"]), Path(params["output"])
     parsed = parse_input(source, params.get("defaults") or {})
-    errors = ErrorsFile(errors_path(output), parsed.errors)
+    if not parsed.rows:
+        ErrorsFile(errors_path(output), parsed.errors).close()
+        first = parsed.errors[0] if parsed.errors else None
+        detail = f": line {first.line}: {first.message}" if first else ""
+        raise InputError(
+            f"{source} has no valid request lines ({len(parsed.errors)} bad{detail})",
+            hint=f"every bad line is in {errors_path(output)}" if parsed.errors else None,
+        )
+    out = OutputFile(output)  # locked first: a second run must not touch the errors file
     try:
-        if not parsed.rows:
-            first = parsed.errors[0] if parsed.errors else None
-            detail = f": line {first.line}: {first.message}" if first else ""
-            raise InputError(
-                f"{source} has no valid request lines ({len(parsed.errors)} bad{detail})",
-                hint=f"every bad line is in {errors.path}" if parsed.errors else None,
-            )
-        out = OutputFile(output)
+        errors = ErrorsFile(errors_path(output), parsed.errors)
         try:
             return _run_rows(ctx, backend, parsed, out, errors)
         finally:
-            out.close()
+            errors.close()
     finally:
-        errors.close()
+        out.close()
 
 
 def _run_rows(

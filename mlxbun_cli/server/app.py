@@ -13,6 +13,7 @@ from mlxbun_cli.server import (
     routes_anthropic,
     routes_jobs,
     routes_openai,
+    routes_publishing,
     routes_responses,
 )
 from mlxbun_cli.server.middleware import install_common
@@ -41,5 +42,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(routes_responses.router)
     app.include_router(routes_anthropic.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_publishing.router)
     install_common(app, state.options)
     return app

@@ -22,7 +22,7 @@ from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
 from mlxbun_cli.errors import InputError
 from mlxbun_cli.protocols import WireError, anthropic
-from mlxbun_cli.server import errors
+from mlxbun_cli.server import errors, routes_jobs, routes_publishing
 from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.parent_responses import build_responses_router
 from mlxbun_cli.server.proxy import forward, open_upstream
@@ -245,7 +245,9 @@ def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         await router.start()
+        await routes_jobs.startup(app, options.api_key)
         yield
+        await routes_jobs.shutdown(app)
         await router.shutdown()
 
     app = FastAPI(
@@ -260,6 +262,8 @@ def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI
         options.response_store_entries, options.response_store_bytes, options.response_store_ttl_s
     )
     app.include_router(build_router(router, counters, started_at, store))
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_publishing.router)
     install_common(app, options)
     return app, router
 
@@ -270,7 +274,9 @@ def parent_server(options: ServeOptions, default: ModelRef) -> tuple[Any, Any]:
     app, router = create_parent_app(options, default)
 
     def drain() -> None:
-        # Workers drain their own streams (with final frames); the parent waits for them.
+        # The running job stops (resumable); workers drain their own streams with
+        # final frames, and the parent waits for them.
+        routes_jobs.drain(app)
         router.supervisor.signal_all(signal.SIGTERM)
 
     return uvicorn_server(app, options, on_exit=drain), router.supervisor.kill_all_now

@@ -10,8 +10,10 @@ POST   /api/jobs/{id}/resume           {"ok": true, "job": {...}}; 409 unless re
 DELETE /api/jobs/{id}?outputs=true     {"ok": true, "removed": [...]}
 
 The manager runs in the process clients know as the daemon (the one in the
-daemon state file), never in a model worker. `startup`/`shutdown` are the
-lifespan hooks any app that includes this router calls.
+daemon state file), never in a model worker. An app that includes this
+router calls `startup` and `shutdown` from its lifespan, and `drain` (or
+passes its draining asyncio.Event to `startup`) when a SIGTERM starts the
+shutdown, so a running job stops as `interrupted` before streams close.
 """
 
 from __future__ import annotations
@@ -158,6 +160,13 @@ async def startup(app: Any, api_key: str | None = None, draining: Any = None) ->
             manager.interrupt()
 
         app.state.jobs_drain_task = asyncio.ensure_future(on_drain())
+
+
+def drain(app: Any) -> None:
+    """Call when a shutdown starts (from any thread): the running job stops, resumable."""
+    manager = getattr(app.state, "jobs", None)
+    if manager is not None:
+        manager.interrupt()
 
 
 async def shutdown(app: Any, timeout: float = 20.0) -> None:

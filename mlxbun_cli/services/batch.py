@@ -87,7 +87,11 @@ def _daemon_for(model: str | None, settings: Settings, remote: str | None) -> An
     running = daemon.find_running()
     if running is None or not _same_model(model, settings.default_model, running.model):
         return None
-    return DaemonJobs(running.url, settings.api_key)
+    client = DaemonJobs(running.url, settings.api_key)
+    if not client.runs_jobs():  # a daemon without the job routes: run here instead
+        client.close()
+        return None
+    return client
 
 
 def _in_daemon(client: Any, params: dict[str, Any], listener: Listener | None) -> BatchResult:
