@@ -526,9 +526,10 @@ def list_(
     from rich.table import Table
 
     table = Table(title="jobs", title_justify="left")
-    for column in ("id", "kind", "state", "progress", "created"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("output", overflow="fold")
+    widths = {"id": 16, "kind": 8, "state": 9, "progress": 8, "created": 7}  # ids never cut
+    for column, width in widths.items():
+        table.add_column(column, no_wrap=True, min_width=width)
+    table.add_column("output", no_wrap=True, overflow="ellipsis", max_width=24)
     for job in jobs:
         table.add_row(
             job["id"],
@@ -536,9 +537,18 @@ def list_(
             _styled_state(job["state"]),
             progress_text(job),
             _ago(job.get("created_at")),
-            job.get("output") or "—",
+            _short_path(job.get("output")),
         )
     ui.console().print(table)
+
+
+def _short_path(path: str | None) -> str:
+    """The output's name: `jobs show` has the whole path."""
+    if not path:
+        return "—"
+    from pathlib import Path
+
+    return Path(path).name
 
 
 @app.command("show")
