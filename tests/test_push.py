@@ -193,6 +193,16 @@ def test_login_status_logout(hub, hf_home, isolated_home):
     proc = mlxbun("push", "logout", token=None)
     assert proc.returncode == 0 and "no saved token" in proc.stderr
 
+    proc = mlxbun("push", "login", "--token", TOKEN, "--json", token=OTHER_TOKEN)
+    assert json.loads(proc.stdout) == {
+        "ok": True,
+        "path": str(saved),
+        "user": "alice",
+        "warning": None,
+        "overridden_by": "HF_TOKEN",
+    }
+    mlxbun("push", "logout", token=None)
+
     # huggingface_hub's own login is the last source.
     (hf_home / "token").parent.mkdir(parents=True, exist_ok=True)
     (hf_home / "token").write_text(TOKEN)
@@ -348,6 +358,14 @@ def test_push_adapter(hub, adapter_dir):
     assert "A LORA adapter for `acme/base-model`" in card and "| rank | 8 |" in card
     assert "| training data | `train.jsonl` |" in card and "/home/someone" not in card
     assert tree(adapter_dir) == before
+
+
+def test_large_files_arrive_whole(hub, adapter_dir):
+    weights = os.urandom(24 << 20)
+    (adapter_dir / "adapters.safetensors").write_bytes(weights)
+    proc = mlxbun("push", str(adapter_dir), "alice/big-lora")
+    assert proc.returncode == 0, proc.stderr
+    assert hub.commits[-1].files["adapters.safetensors"] == weights
 
 
 def test_push_dataset_file_and_folder(hub, dataset_file, tmp_path):
@@ -546,7 +564,9 @@ def test_routes_on_a_real_daemon(hub, tiny_model_dir, isolated_home, dataset_fil
             "source_path must be a nonempty string",
         )
         refused(push_path, {"repo_id": "a/b", "private": "yes"}, "private must be a boolean")
-        refused(push_path, {"repo_id": "a/b"}, "give a PATH or --job ID to push (one of them)")
+        refused(push_path, {"repo_id": "a/b"}, "give job_id or source_path (one of them)")
+        both = {"repo_id": "a/b", "job_id": "j", "source_path": "/x"}
+        refused(push_path, both, "give job_id or source_path (one of them)")
         refused(push_path, {"repo_id": "a/b", "job_id": "job_nope"}, "no job 'job_nope'")
         refused(
             push_path,

@@ -246,7 +246,10 @@ def execute(
     repo_id = getattr(url, "repo_id", None) or repo_id  # NAME alone lands in the user's namespace
     info = call("read the repo", api.repo_info, repo_id, **kind)
     head = getattr(info, "sha", None)
-    ops = [CommitOperationAdd(f.path_in_repo, str(f.local)) for f in p.content.files]
+    try:
+        ops = [CommitOperationAdd(f.path_in_repo, str(f.local)) for f in p.content.files]
+    except ValueError as exc:  # a file removed since the plan was made
+        raise InputError(f"cannot push {p.content.root}: {hubapi.first_line(exc)}") from None
     card = p.card_for(repo_id)
     if card is not None:
         ops.append(CommitOperationAdd("README.md", card.encode()))
@@ -304,8 +307,8 @@ def publish(
     from mlxbun_cli.completion import remember_repo_id
     from mlxbun_cli.publishing import credentials
 
-    if job_id is not None and source_path is not None:
-        raise InputError("give job_id or source_path, not both")
+    if (job_id is None) == (source_path is None):
+        raise InputError("give job_id or source_path (one of them)")
     if source_path is not None and not Path(source_path).expanduser().is_absolute():
         raise InputError("source_path must be an absolute path")
     p = plan(repo_id, source_path=source_path, job_id=job_id, private=bool(private), kind=kind)
