@@ -6,7 +6,6 @@ import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from conftest import run_cli
 from tokenizers import Tokenizer
 
