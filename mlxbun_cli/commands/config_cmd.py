@@ -77,7 +77,10 @@ def unset(name: str = typer.Argument(..., help="Setting name.")) -> None:
 
 @app.command("path")
 def path() -> None:
-    """Print the config file's path."""
+    """Print the config file's path.
+
+    Example: $EDITOR "$(mlxbun config path)"
+    """
     from mlxbun_cli import paths
 
     typer.echo(str(paths.config_file()))
