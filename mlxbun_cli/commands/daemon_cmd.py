@@ -53,6 +53,7 @@ def stop(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait before SIGKILL.")
     ] = 15.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Stop the daemon (SIGTERM, wait, then SIGKILL) and say what happened.
 
@@ -62,6 +63,11 @@ def stop(
     from mlxbun_cli.client import daemon
 
     result = daemon.stop(timeout)
+    if json_out:
+        ui.print_json(
+            {"pid": result.pid or None, "result": result.how, "seconds": round(result.seconds, 2)}
+        )
+        return
     if result.how == "not-running":
         ui.console().print("[warn]no daemon running[/warn]")
     elif result.how == "stopped":

@@ -91,6 +91,9 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="With --detach: print the daemon's details as JSON.")
+    ] = False,
 ) -> None:
     """Serve a model over the OpenAI API on 127.0.0.1.
 
@@ -150,6 +153,11 @@ def serve(
         with ui.err_console().status("starting the daemon…"):
             secrets = {"MLXBUN_API_KEY": options.api_key} if options.api_key else None
             info = daemon.start_detached(detached_args(options), secrets=secrets)
+        if json_out:
+            from dataclasses import asdict
+
+            ui.print_json({"running": True, **asdict(info)})
+            return
         ui.console().print(
             f"[good]daemon running[/good] at {info.url} (pid {info.pid}, model {info.model})"
         )
