@@ -65,3 +65,19 @@ def test_errors_take_the_shape_of_their_wire(tmp_path):
     anthropic_401 = call(app, "POST", "/v1/messages", json={})
     assert anthropic_401.status_code == 401 and anthropic_401.json()["type"] == "error"
     assert call(app, "GET", "/health").status_code == 503  # open without a key
+
+
+def test_fast_content_chunks_are_the_same_bytes_as_full_ones():
+    import json
+
+    from mlxbun_cli.protocols import openai as wire
+    from mlxbun_cli.server.routes_openai import _CONTENT_SUFFIX, _content_chunk_prefix, sse
+
+    for text in ["hi", 'a "quote" \\ é 🙂\n', ""]:
+        full = sse(wire.chat_chunk("chatcmpl-1", "org/model", 123, {"content": text}))
+        fast = (
+            _content_chunk_prefix("chatcmpl-1", "org/model", 123)
+            + json.dumps(text, ensure_ascii=False).encode()
+            + _CONTENT_SUFFIX
+        )
+        assert fast == full

@@ -3,12 +3,72 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 from mlxbun_cli.engine.types import Finished
 from mlxbun_cli.prep.events import OutputEvent
 from mlxbun_cli.prep.pipeline import OutputProcessor, PreparedRequest
 from mlxbun_cli.server.state import ServerState
+
+
+class LoopInbox:
+    """Events from the scheduler thread to one coroutine, with few loop wake-ups.
+
+    The scheduler appends to a deque; the loop is woken (call_soon_threadsafe,
+    a self-pipe write) only when the consumer is waiting and no wake-up is
+    already on its way, so a step that yields several events costs one wake.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future | None = None
+        self._wake_pending = False
+
+    def put(self, item: Any) -> None:  # any thread
+        with self._lock:
+            self._items.append(item)
+            if self._waiter is None or self._wake_pending:
+                return
+            self._wake_pending = True
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def poke(self) -> None:
+        """Wake the consumer without an item (e.g. shutdown started); loop thread only."""
+        self._wake()
+
+    def get_nowait(self) -> Any:
+        with self._lock:
+            return self._items.popleft() if self._items else _EMPTY
+
+    async def wait(self, timeout: float | None = None) -> None:
+        with self._lock:
+            if self._items:
+                return
+            self._waiter = self._loop.create_future()
+            waiter = self._waiter
+        try:
+            await asyncio.wait_for(waiter, timeout) if timeout is not None else await waiter
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                if self._waiter is waiter:
+                    self._waiter = None
+
+
+_EMPTY = object()
 
 
 async def stream_events(
@@ -17,37 +77,29 @@ async def stream_events(
     """Neutral events for one request; leaving early (a client hang-up) cancels it."""
     loaded = state.loaded
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue = asyncio.Queue()
-    handle = loaded.scheduler.submit(
-        prepared.engine_request, lambda event: loop.call_soon_threadsafe(inbox.put_nowait, event)
-    )
+    inbox = LoopInbox(loop)
+    handle = loaded.scheduler.submit(prepared.engine_request, inbox.put)
     processor = OutputProcessor(loaded, prepared)
     state.counters.streams_active += 1
-    drain = asyncio.ensure_future(state.draining.wait())
+    draining = state.draining
+    drain_watch = asyncio.ensure_future(draining.wait())
+    drain_watch.add_done_callback(lambda _: inbox.poke())
     deadline: float | None = None  # set once shutdown begins
     try:
         while True:
-            if deadline is None and drain.done():
+            if deadline is None and draining.is_set():
                 deadline = loop.time() + state.options.shutdown_grace
             if deadline is not None and loop.time() >= deadline and not handle.cancelled.is_set():
                 # The grace period is over: cancel; the engine answers with Finished.
                 state.counters.shutdown_cancels += 1
                 handle.cancel()
-            try:
-                event = inbox.get_nowait()  # the common case: no task, no wait
-            except asyncio.QueueEmpty:
-                get = asyncio.ensure_future(inbox.get())
-                waiting = {get} if deadline is not None else {get, drain}
+            event = inbox.get_nowait()
+            if event is _EMPTY:
                 timeout = None
                 if deadline is not None and not handle.cancelled.is_set():
                     timeout = max(0.0, deadline - loop.time())
-                done, _ = await asyncio.wait(
-                    waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if get not in done:
-                    get.cancel()
-                    continue
-                event = get.result()
+                await inbox.wait(timeout)
+                continue
             if isinstance(event, Finished):
                 for out in processor.on_finish(event):
                     yield out
@@ -57,7 +109,7 @@ async def stream_events(
             if processor.stop_requested:
                 handle.cancel()
     finally:
-        drain.cancel()
+        drain_watch.cancel()
         state.counters.streams_active -= 1
         state.counters.tool_parse_failures += processor.tool_parse_failures
         if not handle.cancelled.is_set():

@@ -82,7 +82,6 @@ class BodyLimitMiddleware:
                 "request_too_large",
             )
         seen = 0
-        started = False
 
         async def limited_receive() -> Any:
             nonlocal seen
@@ -93,16 +92,12 @@ class BodyLimitMiddleware:
                     raise _TooLarge()
             return message
 
-        async def tracking_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        # Only `receive` is wrapped: `send` stays direct, since every streamed
+        # token passes through it.
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, send)
         except _TooLarge:
-            if not started:
+            try:
                 await _send_error(
                     scope["path"],
                     send,
@@ -110,6 +105,8 @@ class BodyLimitMiddleware:
                     f"request body over {self.max_bytes} bytes",
                     "request_too_large",
                 )
+            except Exception:  # a response had already started: nothing more to say
+                pass
 
 
 class _TooLarge(Exception):

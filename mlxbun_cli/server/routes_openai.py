@@ -140,22 +140,36 @@ def _end_frames(done: Done) -> list[bytes] | None:
     return None
 
 
+def _content_chunk_prefix(rid: str, model: str, created: int) -> bytes:
+    """The bytes before a content delta's text: encoded once per stream, not per token."""
+    head = json.dumps(wire.chat_chunk(rid, model, created, {"content": ""}), ensure_ascii=False)
+    marker = '"content": ""'
+    return ("data: " + head[: head.index(marker) + len('"content": ')]).encode()
+
+
+_CONTENT_SUFFIX = b'}, "finish_reason": null}]}\n\n'
+
+
 async def _chat_stream(
     events: AsyncIterator[Any], model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     rid, created = wire.new_id("chatcmpl"), int(time.time())
+    prefix = _content_chunk_prefix(rid, model, created)
     yield sse(wire.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
     pending_logprobs: list[TokenLogprob] = []
     async for event in events:
         if isinstance(event, TokenLogprob):
             pending_logprobs.append(event)
         elif isinstance(event, TextDelta):
-            yield sse(
-                wire.chat_chunk(
-                    rid, model, created, {"content": event.text}, logprobs=pending_logprobs or None
+            if pending_logprobs:
+                yield sse(
+                    wire.chat_chunk(
+                        rid, model, created, {"content": event.text}, logprobs=pending_logprobs
+                    )
                 )
-            )
-            pending_logprobs = []
+                pending_logprobs = []
+            else:  # the hot path: one json.dumps of the text, not of the whole chunk
+                yield prefix + json.dumps(event.text, ensure_ascii=False).encode() + _CONTENT_SUFFIX
         elif isinstance(event, ReasoningDelta):
             yield sse(wire.chat_chunk(rid, model, created, {"reasoning_content": event.text}))
         elif isinstance(event, ToolCallEvent):
