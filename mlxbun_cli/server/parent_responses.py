@@ -103,9 +103,8 @@ async def _relay(
     upstream: Any, lease: Lease, previous: str | None, remember: Callable
 ) -> AsyncIterator[bytes]:
     """Pass events through; patch the response objects and store the finished one."""
-    import httpx
-
     from mlxbun_cli.server.proxy import unavailable_frame
+    from mlxbun_cli.server.uds_http import UpstreamError
 
     buffer = b""
     try:
@@ -116,7 +115,7 @@ async def _relay(
                 yield _patch(frame, previous, remember) + b"\n\n"
         if buffer:
             yield buffer
-    except (httpx.TransportError, httpx.StreamError):
+    except UpstreamError:
         yield unavailable_frame(
             "/v1/responses", "the model's worker stopped mid-stream; nothing was retried"
         )

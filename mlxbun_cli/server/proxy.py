@@ -15,6 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from mlxbun_cli.server import uds_http
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
 
@@ -68,8 +69,6 @@ async def open_upstream(
     request: Request, lease: Lease, body: bytes, path: str | None = None
 ) -> Any:
     """The worker's streaming response, or an error Response (the lease then ends)."""
-    import httpx
-
     worker = lease.worker
     path = path or request.url.path
     headers = [
@@ -81,11 +80,8 @@ async def open_upstream(
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
     try:
-        return await worker.client.send(
-            worker.client.build_request(request.method, target, headers=headers, content=body),
-            stream=True,
-        )
-    except (httpx.TransportError, httpx.InvalidURL, AttributeError):
+        return await uds_http.send(worker.socket_path, request.method, target, headers, body)
+    except uds_http.UpstreamError:
         lease.release()
         return error_response(
             502,
@@ -98,8 +94,6 @@ async def open_upstream(
 
 async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
     """Send the request to the leased worker; the lease ends when the body does."""
-    import httpx
-
     worker = lease.worker
     path = path or request.url.path
     upstream = await open_upstream(request, lease, body, path)
@@ -111,8 +105,8 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
         try:
             async for chunk in upstream.aiter_raw():
                 yield chunk
-        except (httpx.TransportError, httpx.StreamError) as exc:
-            log.warning("worker for %s failed mid-response: %s", worker.ref.id, type(exc).__name__)
+        except uds_http.UpstreamError as exc:
+            log.warning("worker for %s failed mid-response: %s", worker.ref.id, exc)
             if is_stream:
                 yield unavailable_frame(
                     path,

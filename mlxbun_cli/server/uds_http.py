@@ -1,0 +1,122 @@
+"""A small HTTP/1.1 client over a worker's Unix socket, for the proxy's hot path.
+
+h11 keeps the protocol honest; asyncio streams keep the socket registered with
+the event loop for the whole response, which makes relaying a token stream
+much cheaper than a general-purpose client that re-arms the socket per read.
+One connection per request (`Connection: close`): a hang-up closes it, and the
+worker sees the disconnect at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+import h11
+
+READ_SIZE = 65536
+
+
+class UpstreamError(Exception):
+    """The worker could not be reached, or stopped mid-response."""
+
+
+class Headers:
+    def __init__(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        self._pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in pairs]
+
+    def get(self, name: str, default: str = "") -> str:
+        name = name.lower()
+        for key, value in self._pairs:
+            if key.lower() == name:
+                return value
+        return default
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._pairs)
+
+
+class UpstreamResponse:
+    def __init__(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        response: h11.Response,
+    ) -> None:
+        self._conn = conn
+        self._reader = reader
+        self._writer = writer
+        self.status_code = response.status_code
+        self.headers = Headers(response.headers)
+
+    async def _next_event(self) -> object:
+        while True:
+            event = self._conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = await self._reader.read(READ_SIZE)
+            except OSError as exc:
+                raise UpstreamError(f"worker connection failed: {exc}") from exc
+            if not data and self._conn.their_state is not h11.DONE:
+                raise UpstreamError("the worker closed the connection mid-response")
+            self._conn.receive_data(data)
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                event = await self._next_event()
+            except h11.RemoteProtocolError as exc:
+                raise UpstreamError(f"the worker broke HTTP: {exc}") from exc
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+
+async def send(
+    socket_path: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+) -> UpstreamResponse:
+    """Send one request; returns once the response's status and headers arrived."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(socket_path, limit=READ_SIZE * 4)
+    except OSError as exc:
+        raise UpstreamError(f"cannot connect to the worker: {exc.strerror or exc}") from exc
+    conn = h11.Connection(h11.CLIENT)
+    skip = {"host", "content-length", "connection", "transfer-encoding"}
+    request_headers = [
+        ("host", "mlxbun-worker"),
+        ("content-length", str(len(body))),
+        ("connection", "close"),
+    ]
+    request_headers += [(k, v) for k, v in headers if k.lower() not in skip]
+    try:
+        writer.write(conn.send(h11.Request(method=method, target=target, headers=request_headers)))
+        if body:
+            writer.write(conn.send(h11.Data(data=body)))
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+        response = UpstreamResponse(conn, reader, writer, h11.Response(status_code=200, headers=[]))
+        while True:
+            event = await response._next_event()
+            if isinstance(event, h11.Response):
+                return UpstreamResponse(conn, reader, writer, event)
+            if isinstance(event, h11.ConnectionClosed):
+                raise UpstreamError("the worker closed the connection before answering")
+    except (OSError, h11.ProtocolError) as exc:
+        writer.close()
+        raise UpstreamError(f"the worker failed the request: {exc}") from exc
+    except UpstreamError:
+        writer.close()
+        raise
