@@ -33,7 +33,10 @@ def build_cache(root: Path) -> None:
 
     for i in range(200):
         quantized = i % 2 == 1
-        files = model_files(config(quantization=QUANT_CONFIG) if quantized else config(), QUANT if quantized else DENSE)
+        files = model_files(
+            config(quantization=QUANT_CONFIG) if quantized else config(),
+            QUANT if quantized else DENSE,
+        )
         hf_repo(root, f"org{i % 7}/model-{i:03d}", files)
 
 
@@ -52,35 +55,61 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--runs", type=int, default=7)
     opts = args.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mlxbun-bench-cli-"))
-    env = {**os.environ, "MLXBUN_HOME": str(root / "home"), "HF_HUB_CACHE": str(root / "hf"),
-           "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "MLXBUN_HOME": str(root / "home"),
+        "HF_HUB_CACHE": str(root / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "NO_COLOR": "1",
+    }
     os.environ.update({k: env[k] for k in ("MLXBUN_HOME", "HF_HUB_CACHE")})
     build_cache(root / "hf")
     mlxbun = str(Path(sys.executable).parent / "mlxbun")
     floor = timed([sys.executable, "-c", "pass"], env, opts.runs)
-    subprocess.run([mlxbun, "models", "list"], env=env, capture_output=True, check=False)  # builds the index
+    subprocess.run(
+        [mlxbun, "models", "list"], env=env, capture_output=True, check=False
+    )  # builds the index
     listing = timed([mlxbun, "models", "list"], env, opts.runs)
-    rows = subprocess.run([mlxbun, "models", "list", "--json"], env=env, capture_output=True, text=True).stdout
+    rows = subprocess.run(
+        [mlxbun, "models", "list", "--json"], env=env, capture_output=True, text=True
+    ).stdout
     count = len(json.loads(rows)["models"]) if rows.strip().startswith("{") else None
-    complete_env = {**env, "_MLXBUN_COMPLETE": "complete_bash", "COMP_WORDS": "mlxbun\ngenerate\n", "COMP_CWORD": "2"}
+    complete_env = {
+        **env,
+        "_MLXBUN_COMPLETE": "complete_bash",
+        "COMP_WORDS": "mlxbun\ngenerate\n",
+        "COMP_CWORD": "2",
+    }
     completion = timed([mlxbun], complete_env, opts.runs)
     report = {
         "python_floor_s": statistics.median(floor),
-        "models_list": {"median_s": statistics.median(listing), "min_s": min(listing), "models": count,
-                        "target_s": LIST_TARGET_S, "pass": statistics.median(listing) <= LIST_TARGET_S},
-        "model_completion": {"median_s": statistics.median(completion), "min_s": min(completion),
-                             "target_s": COMPLETION_TARGET_S,
-                             "pass": statistics.median(completion) <= COMPLETION_TARGET_S},
+        "models_list": {
+            "median_s": statistics.median(listing),
+            "min_s": min(listing),
+            "models": count,
+            "target_s": LIST_TARGET_S,
+            "pass": statistics.median(listing) <= LIST_TARGET_S,
+        },
+        "model_completion": {
+            "median_s": statistics.median(completion),
+            "min_s": min(completion),
+            "target_s": COMPLETION_TARGET_S,
+            "pass": statistics.median(completion) <= COMPLETION_TARGET_S,
+        },
         "load_average": os.getloadavg()[0],
     }
     if opts.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"python -c pass floor: {report['python_floor_s']:.3f} s   (load average {report['load_average']:.2f})")
+    print(
+        f"python -c pass floor: {report['python_floor_s']:.3f} s   (load average {report['load_average']:.2f})"
+    )
     for name in ("models_list", "model_completion"):
         r = report[name]
         verdict = "PASS" if r["pass"] else "FAIL"
-        print(f"{name:17s} median {r['median_s']:.3f} s  min {r['min_s']:.3f} s  target {r['target_s']} s  {verdict}")
+        print(
+            f"{name:17s} median {r['median_s']:.3f} s  min {r['min_s']:.3f} s  target {r['target_s']} s  {verdict}"
+        )
     print(f"models listed: {count}")
     return 0
 
