@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
-        "--concurrency", type=int, default=16, help="mlxbun's requests in flight (its default: 16)"
+        "--concurrency",
+        type=int,
+        default=None,
+        help="mlxbun's requests in flight (default: its own)",
     )
     opts = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mlxbun-bench-batch-"))
@@ -118,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             str(root / "in.jsonl"),
             "-o",
             str(out),
-            "--concurrency",
-            str(opts.concurrency),
+            *(["--concurrency", str(opts.concurrency)] if opts.concurrency else []),
         ]
     )
     tokens = sum(

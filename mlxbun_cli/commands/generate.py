@@ -98,7 +98,7 @@ def generate(
             max=256,
             rich_help_panel="Batch",
         ),
-    ] = 16,
+    ] = 64,
 ) -> None:
     """Generate a reply to one prompt, streamed to the terminal.
 

@@ -301,7 +301,7 @@ def submit_dataset(
     ] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", help="Requests in flight at once.", min=1, max=256)
-    ] = 16,
+    ] = 64,
     max_tokens: Annotated[
         int | None,
         typer.Option("--max-tokens", "-n", help="Default max_tokens for lines without one."),

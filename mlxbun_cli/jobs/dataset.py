@@ -33,6 +33,9 @@ from mlxbun_cli.prep.request import GenerationRequest, validate
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
 
+# Requests in flight: enough to keep mlx-lm's decode batch (32) full while others prefill.
+DEFAULT_CONCURRENCY = 64
+
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 _URLS = {
@@ -345,7 +348,7 @@ def _run_rows(
     if todo:
         model = backend.model_info().id
         pool = _Pool(ctx, backend, model, out, errors, stats)
-        pool.run(todo, int(ctx.params.get("concurrency") or 16))
+        pool.run(todo, int(ctx.params.get("concurrency") or DEFAULT_CONCURRENCY))
         if pool.fatal is not None:
             raise pool.fatal
         if pool.unfinished and not ctx.stop.is_set():

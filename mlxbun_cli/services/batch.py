@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxbun_cli.config import Settings
 from mlxbun_cli.errors import InputError, MlxbunError
+from mlxbun_cli.jobs.dataset import DEFAULT_CONCURRENCY
 
 Listener = Callable[[str, dict[str, Any]], None]
 
@@ -45,7 +46,7 @@ def run_batch(
     *,
     model: str | None,
     defaults: dict[str, Any],
-    concurrency: int = 16,
+    concurrency: int = DEFAULT_CONCURRENCY,
     adapter: str | None = None,
     local: bool = False,
     remote: str | None = None,
