@@ -70,7 +70,21 @@ class UpstreamResponse:
             except h11.RemoteProtocolError as exc:
                 raise UpstreamError(f"the worker broke HTTP: {exc}") from exc
             if isinstance(event, h11.Data):
-                yield bytes(event.data)
+                # Whatever else already arrived goes out in the same write.
+                chunks, ended = [bytes(event.data)], False
+                while True:
+                    try:
+                        more = self._conn.next_event()
+                    except h11.RemoteProtocolError as exc:
+                        raise UpstreamError(f"the worker broke HTTP: {exc}") from exc
+                    if isinstance(more, h11.Data):
+                        chunks.append(bytes(more.data))
+                        continue
+                    ended = isinstance(more, (h11.EndOfMessage, h11.ConnectionClosed))
+                    break
+                yield b"".join(chunks)
+                if ended:
+                    return
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 return
 
