@@ -235,3 +235,27 @@ def test_inputs_the_fuzzer_found(tiny_loaded):
         assert result.done.finish_reason in ("length", "stop")
         for entry in result.logprobs:
             assert entry["logprob"] > float("-inf")
+
+
+def test_deferred_output_matches_the_stream(tiny_loaded):
+    """Batch work shapes replies at the end; the events must be what a stream gives."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for fields in (
+        dict(max_tokens=30, temperature=0.8, seed=3),
+        dict(max_tokens=20, temperature=0, logprobs=True, top_logprobs=2, tools=tools),
+    ):
+        streamed = collect(run(tiny_loaded, chat("hello there", **fields)))
+        deferred_gen = run(tiny_loaded, chat("hello there", **fields), deferred=True)
+        assert type(deferred_gen).__name__ == "DeferredGeneration"
+        deferred = collect(deferred_gen)
+        assert (deferred.text, deferred.reasoning, deferred.logprobs) == (
+            streamed.text,
+            streamed.reasoning,
+            streamed.logprobs,
+        )
+        assert deferred.done.usage.completion_tokens == streamed.done.usage.completion_tokens
+    # Stop strings must stop the engine early, so they keep streaming.
+    with_stop = run(tiny_loaded, chat("hi", max_tokens=5, stop=["zz"]), deferred=True)
+    assert type(with_stop).__name__ == "Generation"
+    for _ in with_stop:
+        pass

@@ -47,6 +47,7 @@ class LocalBackend:
         cache_bytes: int = 1 << 30,
         cache_entries: int = 16,
         constrained_decoding: bool = True,
+        deferred_output: bool = False,
     ) -> None:
         from mlxbun_cli.catalog import resolve
 
@@ -55,6 +56,8 @@ class LocalBackend:
         self._server_thinking = server_thinking
         self._default_max_tokens = default_max_tokens
         self._constrained = constrained_decoding
+        # Batch work: shape each reply once it is done rather than per token.
+        self._deferred = deferred_output
         self._scheduler_options = {"cache_bytes": cache_bytes, "cache_entries": cache_entries}
         self._loaded: Any = None
 
@@ -89,6 +92,7 @@ class LocalBackend:
             server_thinking=self._server_thinking,
             default_max_tokens=self._default_max_tokens,
             constrained_decoding=self._constrained,
+            deferred=self._deferred,
         )
 
     def stats(self) -> dict[str, Any]:

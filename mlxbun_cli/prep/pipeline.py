@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -292,9 +293,54 @@ class Generation:
             yield from events
 
 
+class DeferredGeneration:
+    """A request whose output is shaped once it has finished, not token by token.
+
+    For batch work nobody watches: the engine's steps are only appended to a
+    list (no consumer wake-up per token), then run through the same
+    OutputProcessor at the end, so the events are the ones a stream would give.
+    Requests with stop strings stream instead: they must stop the engine early.
+    """
+
+    def __init__(self, loaded: LoadedModel, prepared: PreparedRequest) -> None:
+        self.prepared = prepared
+        self.processor = OutputProcessor(loaded, prepared)
+        self._steps: list[Any] = []
+        self._finished = threading.Event()
+
+        def sink(event: Any) -> None:
+            self._steps.append(event)
+            if isinstance(event, Finished):
+                self._finished.set()
+
+        self._handle = loaded.scheduler.submit(prepared.engine_request, sink)
+        self._events: list[OutputEvent] | None = None
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def __iter__(self) -> Iterator[OutputEvent]:
+        if self._events is None:
+            while not self._finished.wait(0.1):  # a timeout keeps Ctrl-C responsive
+                pass
+            processor, events = self.processor, []
+            for step in self._steps:
+                if isinstance(step, Finished):
+                    events += processor.on_finish(step)
+                    break
+                events += processor.on_step(step)
+            self._events = events
+        yield from self._events
+
+
 def run(
     loaded: LoadedModel,
     req: GenerationRequest,
+    *,
+    deferred: bool = False,
     **prepare_options: Any,
-) -> Generation:
-    return Generation(loaded, prepare(loaded, req, **prepare_options))
+) -> Generation | DeferredGeneration:
+    prepared = prepare(loaded, req, **prepare_options)
+    if deferred and not prepared.stops:
+        return DeferredGeneration(loaded, prepared)
+    return Generation(loaded, prepared)

@@ -154,6 +154,7 @@ def _in_process(
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
         constrained_decoding=settings.constrained_decoding,
+        deferred_output=True,
     )
     params["model"] = backend.ref.id
     job = store.create("dataset", params, out_path)
