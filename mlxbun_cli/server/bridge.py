@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from mlxbun_cli.engine.types import Finished
@@ -114,3 +114,21 @@ async def stream_events(
         state.counters.tool_parse_failures += processor.tool_parse_failures
         if not handle.cancelled.is_set():
             handle.cancel()  # no-op when finished; stops the sequence when the client left
+
+
+async def guard_stream(
+    state: ServerState, chunks: AsyncIterator[bytes], failure_frames: Callable[[str], bytes]
+) -> AsyncIterator[bytes]:
+    """A stream that fails after headers ends with the wire's error frame, never a silent cut."""
+    completed = False
+    try:
+        async for chunk in chunks:
+            yield chunk
+        completed = True
+    except Exception as exc:  # the headers are gone: say it in the stream
+        state.counters.errors += 1
+        yield failure_frames(f"generation failed: {exc}")
+        completed = True
+    finally:
+        if not completed:
+            state.counters.client_disconnects += 1

@@ -14,7 +14,7 @@ from mlxbun_cli.prep.events import Done, OutputEvent, TokenLogprob
 from mlxbun_cli.prep.pipeline import PreparedRequest
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
-from mlxbun_cli.server.bridge import stream_events
+from mlxbun_cli.server.bridge import guard_stream, stream_events
 from mlxbun_cli.server.errors import error_response, register_error_shape
 from mlxbun_cli.server.routes_openai import _headers, read_json
 from mlxbun_cli.server.state import ServerState
@@ -100,7 +100,11 @@ async def messages(request: Request) -> Response:
 
         prompt_tokens = len(prepared.engine_request.prompt_tokens)
         return StreamingResponse(
-            _guarded(state, render_stream(events, renderer, stop, prompt_tokens, count_error)),
+            guard_stream(
+                state,
+                render_stream(events, renderer, stop, prompt_tokens, count_error),
+                _failure_frames,
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(prepared)},
         )
@@ -149,20 +153,8 @@ async def render_stream(
     yield wire.sse(wire.error_event("generation ended without a result", "api_error"))
 
 
-async def _guarded(state: ServerState, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A stream that fails after headers ends with an error event, never a silent cut."""
-    completed = False
-    try:
-        async for chunk in chunks:
-            yield chunk
-        completed = True
-    except Exception as exc:  # the headers are gone: say it in the stream
-        state.counters.errors += 1
-        yield wire.sse(wire.error_event(f"generation failed: {exc}", "api_error"))
-        completed = True
-    finally:
-        if not completed:
-            state.counters.client_disconnects += 1
+def _failure_frames(message: str) -> bytes:
+    return wire.sse(wire.error_event(message, "api_error"))
 
 
 @router.post(

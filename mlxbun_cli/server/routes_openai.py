@@ -15,7 +15,7 @@ from mlxbun_cli.client.results import Collected
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob, ToolCallEvent
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
-from mlxbun_cli.server.bridge import stream_events
+from mlxbun_cli.server.bridge import guard_stream, stream_events
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
 from mlxbun_cli.server.state import ServerState
@@ -84,7 +84,7 @@ async def _generate(
     events = stream_events(state, prepared)
     if stream:
         return StreamingResponse(
-            _guarded(state, render_stream(events, model_id, include_usage)),
+            guard_stream(state, render_stream(events, model_id, include_usage), _failure_frames),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(prepared)},
         )
@@ -105,21 +105,8 @@ async def _generate(
     )
 
 
-async def _guarded(state: ServerState, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A stream that fails after headers ends with an error frame, never a silent cut."""
-    completed = False
-    try:
-        async for chunk in chunks:
-            yield chunk
-        completed = True
-    except Exception as exc:  # the headers are gone: say it in the stream
-        state.counters.errors += 1
-        yield sse(wire.error_body(f"generation failed: {exc}", "server_error"))
-        yield b"data: [DONE]\n\n"
-        completed = True
-    finally:
-        if not completed:
-            state.counters.client_disconnects += 1
+def _failure_frames(message: str) -> bytes:
+    return sse(wire.error_body(message, "server_error")) + b"data: [DONE]\n\n"
 
 
 def _end_frames(done: Done) -> list[bytes] | None:

@@ -130,11 +130,11 @@ def _in_process(
     settings: Settings,
     listener: Listener | None,
 ) -> BatchResult:
-    from mlxbun_cli.client.backend import LocalBackend
     from mlxbun_cli.jobs import dataset
     from mlxbun_cli.jobs.context import JobContext, execute
     from mlxbun_cli.jobs.params import normalize
     from mlxbun_cli.jobs.store import JobStore
+    from mlxbun_cli.services.generate import local_backend
 
     params, out_path = normalize("dataset", params)
     store = JobStore()
@@ -145,17 +145,7 @@ def _in_process(
             f"job {active.id} ({active.state}) already writes {out_path}",
             hint=f"`mlxbun jobs watch {active.id}` follows it",
         )
-    backend = LocalBackend(
-        model,
-        adapter=adapter,
-        default_model=settings.default_model,
-        server_thinking=settings.enable_thinking,
-        default_max_tokens=settings.max_tokens,
-        cache_bytes=settings.prompt_cache_bytes,
-        cache_entries=settings.prompt_cache_entries,
-        constrained_decoding=settings.constrained_decoding,
-        deferred_output=True,
-    )
+    backend = local_backend(model, adapter, settings, deferred_output=True)
     params["model"] = backend.ref.id
     job = store.create("dataset", params, out_path)
     started = store.start_run(job.id, owner_pid=os.getpid())

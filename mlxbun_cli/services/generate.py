@@ -110,6 +110,13 @@ def open_backend(
         running = daemon.find_running()
         if running is not None and _same_model(model, settings.default_model, running.model):
             return RemoteBackend(running.url, model=running.model, api_key=settings.api_key)
+    return local_backend(model, adapter, settings)
+
+
+def local_backend(
+    model: str | None, adapter: str | None, settings: Settings, **options: Any
+) -> LocalBackend:
+    """The in-process backend, configured from the settings in force."""
     return LocalBackend(
         model,
         adapter=adapter,
@@ -119,6 +126,7 @@ def open_backend(
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
         constrained_decoding=settings.constrained_decoding,
+        **options,
     )
 
 
