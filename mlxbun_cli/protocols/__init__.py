@@ -1,5 +1,10 @@
 """Wire formats: each maps its requests to the neutral form and events back."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 
 class WireError(Exception):
     """A request the wire cannot accept: status, message and the field it names."""
@@ -18,3 +23,30 @@ class WireError(Exception):
         self.status = status
         self.type = type
         self.code = code
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (JSON's true/false are not numbers here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def typed_fields(
+    body: dict[str, Any], numbers: Iterable[str], integers: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The named fields of a body, type-checked, each error naming its field."""
+    fields: dict[str, Any] = {}
+    for name in numbers:
+        value = body.get(name)
+        if value is not None and not is_number(value):
+            raise WireError(f"{name} must be a number", name)
+        fields[name] = value
+    for name in integers:
+        value = body.get(name)
+        if value is not None and not is_int(value):
+            raise WireError(f"{name} must be an integer", name)
+        fields[name] = value
+    return fields

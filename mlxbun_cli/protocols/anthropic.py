@@ -18,7 +18,7 @@ from mlxbun_cli.engine.types import Usage
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, ToolCallEvent
 from mlxbun_cli.prep.request import GenerationRequest
 from mlxbun_cli.prep.textscan import find_first
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import WireError, is_int, typed_fields
 
 # Adjacent text blocks are separate pieces of text (a reminder, then the
 # question): a blank line between them keeps them apart for the model.
@@ -65,14 +65,6 @@ class MessagesRequest:
     request: GenerationRequest
     stream: bool
     omit_thinking: bool = False  # thinking.display == "omitted": blocks stay, text goes
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _object(value: Any, name: str) -> dict[str, Any]:
@@ -322,7 +314,7 @@ def _thinking(value: Any) -> tuple[dict[str, Any], bool]:
         raise WireError("thinking.display must be summarized or omitted", "thinking.display")
     if kind == "enabled":
         budget = config.get("budget_tokens")
-        if not _is_int(budget) or budget < 1:
+        if not is_int(budget) or budget < 1:
             raise WireError(
                 "thinking.budget_tokens must be a positive integer", "thinking.budget_tokens"
             )
@@ -344,17 +336,7 @@ def _stop_sequences(value: Any) -> list[str]:
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None and not _is_number(value):
-            raise WireError(f"{name} must be a number", name)
-        fields[name] = value
-    top_k = body.get("top_k")
-    if top_k is not None and not _is_int(top_k):
-        raise WireError("top_k must be an integer", "top_k")
-    fields["top_k"] = top_k
-    return fields
+    return typed_fields(body, ("temperature", "top_p"), ("top_k",))
 
 
 def _max_tokens(body: dict[str, Any], required: bool) -> int | None:
@@ -363,7 +345,7 @@ def _max_tokens(body: dict[str, Any], required: bool) -> int | None:
         if required:
             raise WireError("max_tokens is required", "max_tokens")
         return None
-    if not _is_int(value):
+    if not is_int(value):
         raise WireError("max_tokens must be an integer", "max_tokens")
     if value < 1:
         raise WireError("max_tokens must be at least 1", "max_tokens")

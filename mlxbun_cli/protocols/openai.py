@@ -9,7 +9,7 @@ from typing import Any
 from mlxbun_cli.engine.types import Usage
 from mlxbun_cli.prep.events import Done, TokenLogprob
 from mlxbun_cli.prep.request import GenerationRequest
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import WireError, is_int, typed_fields
 
 _NUMBER_FIELDS = (
     "temperature",
@@ -22,14 +22,6 @@ _NUMBER_FIELDS = (
     "frequency_penalty",
 )
 _INT_FIELDS = ("top_k", "seed", "repetition_context_size")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require_object(body: Any) -> dict[str, Any]:
@@ -52,21 +44,11 @@ def _stops(value: Any) -> list[str]:
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     """Fields chat and completions share, type-checked with the field named."""
-    fields: dict[str, Any] = {}
-    for name in _NUMBER_FIELDS:
-        value = body.get(name)
-        if value is not None and not _is_number(value):
-            raise WireError(f"{name} must be a number", name)
-        fields[name] = value
-    for name in _INT_FIELDS:
-        value = body.get(name)
-        if value is not None and not _is_int(value):
-            raise WireError(f"{name} must be an integer", name)
-        fields[name] = value
+    fields = typed_fields(body, _NUMBER_FIELDS, _INT_FIELDS)
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is not None:
-            if not _is_int(value):
+            if not is_int(value):
                 raise WireError(f"{name} must be an integer", name)
             if value < 1:
                 raise WireError(f"{name} must be at least 1", name)
@@ -136,7 +118,7 @@ def parse_chat(body: Any) -> tuple[str | None, GenerationRequest, bool, bool]:
     if logprobs is not None and not isinstance(logprobs, bool):
         raise WireError("logprobs must be a boolean", "logprobs")
     top = body.get("top_logprobs")
-    if top is not None and not _is_int(top):
+    if top is not None and not is_int(top):
         raise WireError("top_logprobs must be an integer", "top_logprobs")
     req = GenerationRequest(
         messages=_messages(body.get("messages")),
@@ -162,7 +144,7 @@ def parse_completion(body: Any) -> tuple[str | None, GenerationRequest, bool, bo
     if not isinstance(prompt, str):
         raise WireError("prompt must be a string", "prompt")
     logprobs = body.get("logprobs")
-    if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= 20):
+    if logprobs is not None and not (is_int(logprobs) and 0 <= logprobs <= 20):
         raise WireError("logprobs must be an integer from 0 to 20", "logprobs")
     req = GenerationRequest(
         prompt=prompt,

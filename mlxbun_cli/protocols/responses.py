@@ -16,7 +16,7 @@ from typing import Any
 
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob, ToolCallEvent
 from mlxbun_cli.prep.request import REASONING_EFFORTS, GenerationRequest
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import WireError, is_int, typed_fields
 
 RESPONSE_PREFIX = "resp_"
 
@@ -38,14 +38,6 @@ _UNSUPPORTED_FIELDS = ("background", "conversation", "prompt")
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(24)}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # -- the request ---------------------------------------------------------------
@@ -100,19 +92,9 @@ def parse_request(body: Any) -> ResponsesRequest:
     for name in ("store", "stream", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise WireError(f"{name} must be a boolean", name)
-    fields: dict[str, Any] = {}
-    for name in _NUMBER_FIELDS:
-        value = body.get(name)
-        if value is not None and not _is_number(value):
-            raise WireError(f"{name} must be a number", name)
-        fields[name] = value
-    for name in _INT_FIELDS:
-        value = body.get(name)
-        if value is not None and not _is_int(value):
-            raise WireError(f"{name} must be an integer", name)
-        fields[name] = value
+    fields = typed_fields(body, _NUMBER_FIELDS, _INT_FIELDS)
     max_out = body.get("max_output_tokens")
-    if max_out is not None and (not _is_int(max_out) or max_out < 1):
+    if max_out is not None and (not is_int(max_out) or max_out < 1):
         raise WireError("max_output_tokens must be an integer of at least 1", "max_output_tokens")
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, dict):
@@ -250,7 +232,7 @@ def _logprobs(body: dict[str, Any]) -> tuple[bool, int]:
     ):
         raise WireError("include must be a list of strings", "include")
     top = body.get("top_logprobs")
-    if top is not None and (not _is_int(top) or not 0 <= top <= 20):
+    if top is not None and (not is_int(top) or not 0 <= top <= 20):
         raise WireError("top_logprobs must be an integer from 0 to 20", "top_logprobs")
     wanted = "message.output_text.logprobs" in (include or []) or bool(top)
     return wanted, int(top or 0) if wanted else 0
