@@ -15,7 +15,7 @@ from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob
 from mlxbun_cli.prep.tools import ToolCall
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
-from mlxbun_cli.server.routes_anthropic import StopSequenceFinder, render_stream
+from mlxbun_cli.server.routes_anthropic import render_stream
 
 USER = [{"role": "user", "content": "Tell me something"}]
 GREEDY = {"temperature": 0}  # not a typed SDK parameter any more: sent as extra_body
@@ -223,15 +223,14 @@ def _frames(raw: bytes) -> list[tuple[str, dict]]:
     return frames
 
 
-def _render(events: list, stops: list[str] | None = None, tokenizer=None) -> list:
+def _render(events: list) -> list:
     async def source():
         for event in events:
             yield event
 
     async def collect() -> bytes:
         renderer = wire.MessageStream("msg_1", "tiny")
-        finder = StopSequenceFinder(tokenizer, stops or [])
-        return b"".join([c async for c in render_stream(source(), renderer, finder, 10)])
+        return b"".join([c async for c in render_stream(source(), renderer, 10)])
 
     return _frames(asyncio.run(collect()))
 
@@ -317,15 +316,11 @@ def test_failed_or_cancelled_stream_ends_with_an_error_event(done, error_type):
 
 
 def test_stop_sequence_told_apart_from_eos():
-    class Chars:  # token id i is the i-th letter
-        def decode(self, ids):
-            return "".join(chr(ord("a") + i) for i in ids)
-
-    steps = [TokenLogprob(i, chr(ord("a") + i), -1.0) for i in (0, 1, 2, 3)]  # "abcd"
-    stop = Done("stop", Usage())
-    by_stop = _render([*steps, stop], ["cd", "zz"], Chars())
+    # The neutral Done names the stop string that ended the reply (None for EOS).
+    steps = [TextDelta("ab")]
+    by_stop = _render([*steps, Done("stop", Usage(), stop_sequence="cd")])
     assert by_stop[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "cd"}
-    by_eos = _render([*steps[:2], stop], ["cd"], Chars())
+    by_eos = _render([*steps, Done("stop", Usage())])
     assert by_eos[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
 
 

@@ -17,7 +17,6 @@ from typing import Any
 from mlxbun_cli.engine.types import Usage
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, ToolCallEvent
 from mlxbun_cli.prep.request import GenerationRequest
-from mlxbun_cli.prep.textscan import find_first
 from mlxbun_cli.protocols import WireError, is_int, typed_fields
 
 # Adjacent text blocks are separate pieces of text (a reminder, then the
@@ -427,12 +426,6 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "cache_read_input_tokens": usage.cached_tokens,
         "cache_creation_input_tokens": 0,
     }
-
-
-def matched_stop(generated: str, stops: list[str]) -> str | None:
-    """The stop sequence the generated text ran into, if any (the earliest)."""
-    hit = find_first(generated, stops) if stops else None
-    return hit[1] if hit else None
 
 
 def stop_reason(done: Done, stop_sequence: str | None) -> str:

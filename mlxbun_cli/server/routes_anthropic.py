@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
-from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxbun_cli.errors import MlxbunError, OptionError
-from mlxbun_cli.prep.events import Done, OutputEvent, TokenLogprob
+from mlxbun_cli.prep.events import Done, OutputEvent
 from mlxbun_cli.prep.pipeline import PreparedRequest
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
@@ -42,12 +40,8 @@ def _not_ready(state: ServerState) -> Response | None:
 
 
 def _prepare(state: ServerState, parsed: wire.MessagesRequest) -> PreparedRequest:
-    request = parsed.request
-    if request.stop:
-        # Logprob events carry the token ids, which tell a stop sequence from EOS.
-        request = replace(request, logprobs=True)
     try:
-        return state.prepare(request)
+        return state.prepare(parsed.request)
     except MlxbunError as exc:  # in this wire's error shape, with this wire's field names
         field = exc.field if isinstance(exc, OptionError) else None
         message, ours = exc.message, wire.wire_field(field)
@@ -56,29 +50,6 @@ def _prepare(state: ServerState, parsed: wire.MessagesRequest) -> PreparedReques
         if exc.exit_code == 2:
             raise WireError(message, ours) from exc
         raise WireError(message, ours, 500, "api_error") from exc
-
-
-class StopSequenceFinder:
-    """Which stop sequence ended the reply.
-
-    The neutral `Done` says only "stop", for an EOS token and a stop string
-    alike; the generated token ids (from logprob events) are decoded and
-    searched (the output processor drops a matched stop from the text only).
-    """
-
-    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stops = stops
-        self.ids: list[int] = []
-
-    def add(self, event: OutputEvent) -> None:
-        if self.stops and isinstance(event, TokenLogprob):
-            self.ids.append(event.token)
-
-    def matched(self, done: Done) -> str | None:
-        if done.finish_reason != "stop" or not self.stops or not self.ids:
-            return None
-        return wire.matched_stop(self.tokenizer.decode(self.ids), self.stops)
 
 
 @router.post(PREFIX, openapi_extra=wire.MESSAGES_BODY, summary="Create a message (Anthropic wire)")
@@ -91,7 +62,6 @@ async def messages(request: Request) -> Response:
     state.counters.requests += 1
     prepared = _prepare(state, parsed)
     renderer = wire.MessageStream(wire.new_id("msg"), state.loaded.id, parsed.omit_thinking)
-    stop = StopSequenceFinder(state.loaded.tokenizer, prepared.stops)
     events = stream_events(state, prepared)
     if parsed.stream:
 
@@ -102,7 +72,7 @@ async def messages(request: Request) -> Response:
         return StreamingResponse(
             guard_stream(
                 state,
-                render_stream(events, renderer, stop, prompt_tokens, count_error),
+                render_stream(events, renderer, prompt_tokens, count_error),
                 _failure_frames,
             ),
             media_type="text/event-stream",
@@ -113,7 +83,6 @@ async def messages(request: Request) -> Response:
         if isinstance(event, Done):
             done = event
         else:
-            stop.add(event)
             renderer.feed(event)
     if done is None or done.finish_reason == "error":
         state.counters.errors += 1
@@ -121,13 +90,12 @@ async def messages(request: Request) -> Response:
         return error_response(500, message, "api_error", path=PREFIX)
     if done.finish_reason == "cancelled":
         return error_response(503, SHUTDOWN_MESSAGE, "overloaded_error", path=PREFIX)
-    return JSONResponse(renderer.message(done, stop.matched(done)), headers=_headers(prepared))
+    return JSONResponse(renderer.message(done, done.stop_sequence), headers=_headers(prepared))
 
 
 async def render_stream(
     events: AsyncIterator[OutputEvent],
     renderer: wire.MessageStream,
-    stop: StopSequenceFinder,
     prompt_tokens: int,
     on_error: Callable[[], None] = lambda: None,
 ) -> AsyncIterator[bytes]:
@@ -136,7 +104,6 @@ async def render_stream(
         yield wire.sse(frame)
     async for event in events:
         if not isinstance(event, Done):
-            stop.add(event)
             for frame in renderer.feed(event):
                 yield wire.sse(frame)
             continue
@@ -146,7 +113,7 @@ async def render_stream(
         elif event.finish_reason == "cancelled":
             yield wire.sse(wire.error_event(SHUTDOWN_MESSAGE, "overloaded_error"))
         else:
-            for frame in renderer.finish(event, stop.matched(event)):
+            for frame in renderer.finish(event, event.stop_sequence):
                 yield wire.sse(frame)
         return
     on_error()
