@@ -14,7 +14,7 @@ from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
 from mlxbun_cli.server.bridge import guard_stream, stream_events
 from mlxbun_cli.server.errors import error_response, register_error_shape
-from mlxbun_cli.server.routes_openai import _headers, read_json
+from mlxbun_cli.server.routes_openai import prepared_headers, read_json, stream_headers
 from mlxbun_cli.server.state import ServerState
 
 PREFIX = "/v1/messages"
@@ -76,7 +76,7 @@ async def messages(request: Request) -> Response:
                 _failure_frames,
             ),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(prepared)},
+            headers=stream_headers(prepared),
         )
     done = None
     async for event in events:
@@ -90,7 +90,9 @@ async def messages(request: Request) -> Response:
         return error_response(500, message, "api_error", path=PREFIX)
     if done.finish_reason == "cancelled":
         return error_response(503, SHUTDOWN_MESSAGE, "overloaded_error", path=PREFIX)
-    return JSONResponse(renderer.message(done, done.stop_sequence), headers=_headers(prepared))
+    return JSONResponse(
+        renderer.message(done, done.stop_sequence), headers=prepared_headers(prepared)
+    )
 
 
 async def render_stream(

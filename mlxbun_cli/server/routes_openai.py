@@ -50,7 +50,13 @@ def ready_or_error(state: ServerState) -> JSONResponse | None:
     )
 
 
-def _headers(prepared: Any) -> dict[str, str]:
+def stream_headers(prepared: Any) -> dict[str, str]:
+    """Headers of an event stream: no caching or proxy buffering, plus the request's own."""
+    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared_headers(prepared)}
+
+
+def prepared_headers(prepared: Any) -> dict[str, str]:
+    """Warning and clamp headers a prepared request earned, for every wire."""
     headers = {}
     if prepared.warnings:
         # RFC 7234 warn-code 299 ("miscellaneous persistent warning"); quotes escaped.
@@ -86,7 +92,7 @@ async def _generate(
         return StreamingResponse(
             guard_stream(state, render_stream(events, model_id, include_usage), _failure_frames),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(prepared)},
+            headers=stream_headers(prepared),
         )
     collected, logprobs = Collected(), []
     async for event in events:
@@ -101,7 +107,7 @@ async def _generate(
         )
     return JSONResponse(
         render_full(model_id, collected, logprobs if req.logprobs else None),
-        headers=_headers(prepared),
+        headers=prepared_headers(prepared),
     )
 
 

@@ -26,7 +26,12 @@ from mlxbun_cli.protocols import responses as wire
 from mlxbun_cli.protocols.openai import error_body
 from mlxbun_cli.server.bridge import stream_events
 from mlxbun_cli.server.errors import error_response, register_error_shape
-from mlxbun_cli.server.routes_openai import _headers, read_json, ready_or_error
+from mlxbun_cli.server.routes_openai import (
+    prepared_headers,
+    read_json,
+    ready_or_error,
+    stream_headers,
+)
 from mlxbun_cli.server.state import ServerState
 
 router = APIRouter()
@@ -337,7 +342,7 @@ async def create_response(request: Request) -> Response:
         return StreamingResponse(
             _stream(run, events),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(prepared)},
+            headers=stream_headers(prepared),
         )
     async for event in events:
         run.builder.feed(event)
@@ -349,7 +354,7 @@ async def create_response(request: Request) -> Response:
     if done.finish_reason == "cancelled":
         return error_response(503, _CANCELLED, "engine_unavailable", path=request.url.path)
     run.builder.finish(_outcome(done)[0])
-    return JSONResponse(run.final(done), headers=_headers(prepared))
+    return JSONResponse(run.final(done), headers=prepared_headers(prepared))
 
 
 @router.get("/v1/responses/{response_id}", summary="Retrieve a stored response")
