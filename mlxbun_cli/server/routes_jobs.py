@@ -238,27 +238,24 @@ async def get_job(job_id: str, request: Request) -> Response:
 
 @router.post("/api/jobs/{job_id}/cancel", summary="Cancel a queued or running job")
 async def cancel(job_id: str, request: Request) -> Response:
-    manager = _manager(request)
-    if manager is None:
-        return _unavailable()
-    try:
-        job = await _resolve(request, job_id)
-        job = await _call(manager.cancel, job.id)
-    except MlxbunError as exc:
-        return _error(exc)
-    return JSONResponse({"ok": True, "job": job.as_dict()})
+    return await _act(request, job_id, "cancel")
 
 
 @router.post(
     "/api/jobs/{job_id}/resume", summary="Queue an interrupted, failed or cancelled job again"
 )
 async def resume(job_id: str, request: Request) -> Response:
+    return await _act(request, job_id, "resume")
+
+
+async def _act(request: Request, job_id: str, action: str) -> Response:
+    """Run one manager action (cancel, resume) on a job and answer with the job."""
     manager = _manager(request)
     if manager is None:
         return _unavailable()
     try:
         job = await _resolve(request, job_id)
-        job = await _call(manager.resume, job.id)
+        job = await _call(getattr(manager, action), job.id)
     except MlxbunError as exc:
         return _error(exc)
     return JSONResponse({"ok": True, "job": job.as_dict()})
