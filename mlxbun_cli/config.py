@@ -38,6 +38,9 @@ SPECS: tuple[SettingSpec, ...] = (
     SettingSpec(
         "constrained_decoding", bool, True, "enforce response_format / grammar / tool_choice"
     ),
+    SettingSpec(
+        "compiled_decode", bool, True, "run one-token decode steps through mx.compile (faster)"
+    ),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 

@@ -47,6 +47,7 @@ class LocalBackend:
         cache_bytes: int = 1 << 30,
         cache_entries: int = 16,
         constrained_decoding: bool = True,
+        compiled_decode: bool = True,
         deferred_output: bool = False,
     ) -> None:
         from mlxbun_cli.catalog import resolve
@@ -58,7 +59,11 @@ class LocalBackend:
         self._constrained = constrained_decoding
         # Batch work: shape each reply once it is done rather than per token.
         self._deferred = deferred_output
-        self._scheduler_options = {"cache_bytes": cache_bytes, "cache_entries": cache_entries}
+        self._scheduler_options = {
+            "cache_bytes": cache_bytes,
+            "cache_entries": cache_entries,
+            "compiled_decode": compiled_decode,
+        }
         self._loaded: Any = None
 
     @property

@@ -137,6 +137,7 @@ def serve(
         log_level=log_level,
         shutdown_grace=shutdown_grace,
         constrained_decoding=settings.constrained_decoding,
+        compiled_decode=settings.compiled_decode,
         isolated=not in_process,
         memory_budget=parse_size(memory_budget, "--memory-budget") if memory_budget else None,
         memory_ceiling=parse_size(memory_budget, "--memory-budget")

@@ -128,6 +128,7 @@ class Scheduler:
         completion_batch_size: int = 32,
         prefill_batch_size: int = 8,
         prefill_step_size: int = 2048,
+        compiled_decode: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -143,9 +144,11 @@ class Scheduler:
             prefill_batch_size=prefill_batch_size,
             prefill_step_size=prefill_step_size,
         )
+        self._compiled_decode = compiled_decode
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
         self.prompt_cache: Any = None
+        self.decode_model: Any = None  # CompiledDecodeModel when compiled_decode is on
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlxbun-scheduler", daemon=True)
         self._thread.start()
@@ -177,6 +180,14 @@ class Scheduler:
     def active_count(self) -> int:
         return len(self._active)
 
+    @property
+    def compiled_decode_state(self) -> str:
+        """ "off" (setting), "pending" (not probed yet), "on", or "unsupported"."""
+        model = self.decode_model
+        if model is None:
+            return "off"
+        return {None: "pending", True: "on", False: "unsupported"}[model.enabled]
+
     def cache_info(self) -> dict[str, int]:
         cache = self.prompt_cache
         if cache is None:
@@ -204,8 +215,13 @@ class Scheduler:
         # This thread's own default stream: mlx-lm's module-level generation
         # stream is thread-local to the importing thread.
         stream = mx.new_stream(mx.default_device())
+        model = self.model
+        if self._compiled_decode:
+            from mlxbun_cli.engine.compiled_decode import CompiledDecodeModel
+
+            model = self.decode_model = CompiledDecodeModel(model)
         generator = BatchGenerator(
-            self.model, stop_tokens=[[t] for t in eos], stream=stream, **self._batch_args
+            model, stop_tokens=[[t] for t in eos], stream=stream, **self._batch_args
         )
         self._ready.set()
         try:

@@ -70,6 +70,7 @@ async def stats(request: Request) -> dict[str, Any]:
             "tokens_per_busy_second": round(s.generated_tokens / s.busy_seconds, 2)
             if s.busy_seconds
             else 0.0,
+            "compiled_decode": sched.compiled_decode_state,
         }
         out["prompt_cache"] = sched.cache_info()
         out["memory"] = _memory()

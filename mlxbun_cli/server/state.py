@@ -25,6 +25,7 @@ class ServeOptions:
     default_max_tokens: int | None = None
     cache_bytes: int = 1 << 30
     cache_entries: int = 16
+    compiled_decode: bool = True
     shutdown_grace: float = 5.0
     constrained_decoding: bool = True
     isolated: bool = False  # each model in its own worker process
@@ -96,6 +97,7 @@ class ServerState:
                     memory_ceiling=self.options.memory_ceiling,
                     cache_bytes=self.options.cache_bytes,
                     cache_entries=self.options.cache_entries,
+                    compiled_decode=self.options.compiled_decode,
                 )
                 _ = loaded.scheduler  # start the scheduler thread before serving
                 self.loaded = loaded

@@ -126,6 +126,7 @@ def local_backend(
         cache_bytes=settings.prompt_cache_bytes,
         cache_entries=settings.prompt_cache_entries,
         constrained_decoding=settings.constrained_decoding,
+        compiled_decode=settings.compiled_decode,
         **options,
     )
 
