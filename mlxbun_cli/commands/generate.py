@@ -113,7 +113,7 @@ def generate(
 
         mlxbun generate demo --batch prompts.jsonl -o answers.jsonl -n 64
     """
-    from mlxbun_cli import render
+    from mlxbun_cli import render, ui
     from mlxbun_cli.services.generate import (
         build_request,
         open_backend,
@@ -123,6 +123,7 @@ def generate(
 
     fields = o.fields_from(locals())
     fields.update(structure_fields(json_schema, tools, tool_choice))
+    quiet = quiet or ui.is_quiet()  # `mlxbun -q generate` as well as `generate -q`
     if batch is not None or output is not None:
         from mlxbun_cli.commands.jobs import batch_command, check_batch_flags
 

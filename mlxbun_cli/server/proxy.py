@@ -7,6 +7,7 @@ that dies mid-stream ends the stream with the protocol's own error frame.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -94,32 +95,130 @@ async def open_upstream(
 
 async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
     """Send the request to the leased worker; the lease ends when the body does."""
-    worker = lease.worker
     path = path or request.url.path
     upstream = await open_upstream(request, lease, body, path)
     if isinstance(upstream, Response):
         return upstream
     is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
-
-    async def relay() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
-        except uds_http.UpstreamError as exc:
-            log.warning("worker for %s failed mid-response: %s", worker.ref.id, exc)
-            if is_stream:
-                yield unavailable_frame(
-                    path,
-                    f"the worker for {worker.ref.id} stopped mid-stream ({worker.state}); "
-                    "nothing was retried",
-                )
-        finally:
-            await upstream.aclose()
-            lease.release()
-
     response_headers = dict(
         (k, v)
         for k, v in strip_hop_by_hop(upstream.headers.items())
-        if k.lower() not in ("content-length", "content-encoding")
+        # date and server: the parent's own server adds them
+        if k.lower() not in ("content-length", "content-encoding", "date", "server")
     )
-    return StreamingResponse(relay(), status_code=upstream.status_code, headers=response_headers)
+    if is_stream and upstream.is_chunked:
+        return RelayResponse(upstream, lease, path, response_headers)
+    return StreamingResponse(
+        _relay(upstream, lease, path, is_stream),
+        status_code=upstream.status_code,
+        headers=response_headers,
+    )
+
+
+async def _relay(upstream: Any, lease: Lease, path: str, is_stream: bool) -> AsyncIterator[bytes]:
+    """The worker's body, chunk by chunk, ended by an error frame if the worker fails."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except uds_http.UpstreamError as exc:
+        if is_stream:
+            yield _worker_failed(lease, path, exc)
+    finally:
+        await upstream.aclose()
+        lease.release()
+
+
+def _worker_failed(lease: Lease, path: str, exc: Exception) -> bytes:
+    worker = lease.worker
+    log.warning("worker for %s failed mid-response: %s", worker.ref.id, exc)
+    return unavailable_frame(
+        path,
+        f"the worker for {worker.ref.id} stopped mid-stream ({worker.state}); nothing was retried",
+    )
+
+
+# -- the fast relay of event streams ------------------------------------------
+
+SERVER_CYCLE = "mlxbun.server_cycle"
+WRITE_BUFFER_HIGH = 1 << 20  # bytes queued for a slow client before reading pauses
+
+
+def capture_server_cycle(app: Any) -> Any:
+    """Wrap the ASGI app so handlers can reach uvicorn's connection for this request.
+
+    uvicorn's `send` is a method of its per-request cycle, which holds the
+    client transport. RelayResponse writes worker chunks to it directly; other
+    servers (or tests without uvicorn) get the ordinary ASGI path.
+    """
+
+    async def with_cycle(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[SERVER_CYCLE] = getattr(send, "__self__", None)
+        await app(scope, receive, send)
+
+    return with_cycle
+
+
+class RelayResponse(Response):
+    """A worker's event stream relayed to the client, chunk for chunk.
+
+    The worker's chunked body is already valid framing for the client's
+    chunked response, so after the headers go out through ASGI (middleware
+    sees them as usual), whole chunks are written to uvicorn's transport as
+    they arrive: no parsing of the events, no re-framing, and no per-token
+    trip through the ASGI middleware. The end, and any error frame, go
+    through ASGI again, so uvicorn finishes the response itself.
+    """
+
+    def __init__(self, upstream: Any, lease: Lease, path: str, headers: dict[str, str]) -> None:
+        # Not Response.__init__: that gives an empty body and a content-length.
+        self.status_code = upstream.status_code
+        self.background = None
+        self.init_headers(headers)
+        self.upstream, self.lease, self.path = upstream, lease, path
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        cycle = scope.get(SERVER_CYCLE)
+        if not _is_uvicorn_cycle(cycle):
+            fallback = StreamingResponse(
+                _relay(self.upstream, self.lease, self.path, True),
+                status_code=self.status_code,
+                headers=dict(self.headers),
+            )
+            await fallback(scope, receive, send)
+            return
+        tail = b""
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            if cycle.chunked_encoding is not True:  # e.g. a HEAD request: let ASGI frame it
+                async for chunk in self.upstream.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                transport = cycle.transport
+                async for chunks in self.upstream.raw_chunks():
+                    if transport.is_closing():  # the client left: closing upstream cancels
+                        return
+                    transport.write(chunks)
+                    while transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+                        if transport.is_closing():
+                            return
+                        await asyncio.sleep(0.005)
+        except uds_http.UpstreamError as exc:
+            tail = _worker_failed(self.lease, self.path, exc)
+        finally:
+            await self.upstream.aclose()
+            self.lease.release()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+def _is_uvicorn_cycle(cycle: Any) -> bool:
+    return all(
+        hasattr(cycle, name)
+        for name in ("transport", "chunked_encoding", "response_started", "disconnected")
+    )

@@ -36,6 +36,36 @@ class Headers:
         return list(self._pairs)
 
 
+class ChunkDecoder:
+    """Finds whole chunks in a chunked body as bytes arrive."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Every chunk completed by `data`, in wire format; ValueError on bad framing."""
+        buf = self._pending + data if self._pending else data
+        pos, size_of_buf = 0, len(buf)
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:  # the last chunk; trailers, if any, are not relayed
+                self.done = True
+                self._pending = b""
+                return buf[:pos]
+            end = eol + 2 + size + 2
+            if end > size_of_buf:
+                break
+            if buf[end - 2 : end] != b"\r\n":
+                raise ValueError("chunk not terminated by CRLF")
+            pos = end
+        self._pending = buf[pos:]
+        return buf[:pos]
+
+
 class UpstreamResponse:
     def __init__(
         self,
@@ -87,6 +117,37 @@ class UpstreamResponse:
                     return
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 return
+
+    @property
+    def is_chunked(self) -> bool:
+        return "chunked" in self.headers.get("transfer-encoding").lower()
+
+    async def raw_chunks(self) -> AsyncIterator[bytes]:
+        """The body as whole HTTP/1.1 chunks in wire format, framing included.
+
+        For relaying to a client whose response is chunked too: no parsing of
+        payloads and no re-framing, and since only complete chunks come out,
+        the relay can always append a chunk of its own (an error frame) after
+        a failure. The final zero-size chunk is not included.
+        """
+        decoder = ChunkDecoder()
+        data, _closed = self._conn.trailing_data  # what h11 read past the headers
+        while True:
+            if data:
+                try:
+                    ready = decoder.feed(bytes(data))
+                except ValueError as exc:
+                    raise UpstreamError(f"the worker broke HTTP: {exc}") from exc
+                if ready:
+                    yield ready
+                if decoder.done:
+                    return
+            try:
+                data = await self._reader.read(READ_SIZE)
+            except OSError as exc:
+                raise UpstreamError(f"worker connection failed: {exc}") from exc
+            if not data:
+                raise UpstreamError("the worker closed the connection mid-response")
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
