@@ -76,6 +76,16 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
             ):
                 data = remember(data)
             return JSONResponse(data, status_code=upstream.status_code)
+        if upstream.is_chunked:
+            from mlxbun_cli.server.proxy import RelayResponse
+
+            return RelayResponse(
+                upstream,
+                lease,
+                "/v1/responses",
+                {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"},
+                rewriter=ResponseObjectRewriter(previous, remember),
+            )
         return StreamingResponse(
             _relay(upstream, lease, previous, remember),
             status_code=upstream.status_code,
@@ -122,6 +132,33 @@ async def _relay(
     finally:
         await upstream.aclose()
         lease.release()
+
+
+class ResponseObjectRewriter:
+    """Patches the events that carry the response object, in relayed chunks.
+
+    Token deltas (almost every chunk) carry no `"response"` key and pass
+    through untouched; a chunk that has one is unframed, its events patched
+    (and the finished response stored), and framed again.
+    """
+
+    def __init__(self, previous: str | None, remember: Callable) -> None:
+        self.previous, self.remember = previous, remember
+        self._carry = b""  # an event split across chunks
+
+    def __call__(self, wire: bytes) -> bytes:
+        from mlxbun_cli.server import uds_http
+
+        if not self._carry and b'"response"' not in wire and wire.endswith(b"\n\n\r\n"):
+            return wire  # whole events (the chunk ends on an event boundary), none to patch
+        data = self._carry + uds_http.chunk_payloads(wire)
+        *frames, self._carry = data.split(b"\n\n")
+        patched = b"".join(_patch(f, self.previous, self.remember) + b"\n\n" for f in frames)
+        return uds_http.frame_chunk(patched)
+
+    def finish(self) -> bytes:
+        rest, self._carry = self._carry, b""
+        return rest
 
 
 def _patch(frame: bytes, previous: str | None, remember: Callable) -> bytes:

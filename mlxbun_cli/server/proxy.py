@@ -168,26 +168,40 @@ class RelayResponse(Response):
     they arrive: no parsing of the events, no re-framing, and no per-token
     trip through the ASGI middleware. The end, and any error frame, go
     through ASGI again, so uvicorn finishes the response itself.
+
+    `rewriter`, if given, may change the chunks on the way (it gets and
+    returns wire-format chunks; its `finish()` gives any last payload).
     """
 
-    def __init__(self, upstream: Any, lease: Lease, path: str, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        upstream: Any,
+        lease: Lease,
+        path: str,
+        headers: dict[str, str],
+        rewriter: Any = None,
+    ) -> None:
         # Not Response.__init__: that gives an empty body and a content-length.
         self.status_code = upstream.status_code
         self.background = None
         self.init_headers(headers)
-        self.upstream, self.lease, self.path = upstream, lease, path
+        self.upstream, self.lease, self.path, self.rewriter = upstream, lease, path, rewriter
+
+    async def _wire_chunks(self) -> AsyncIterator[bytes]:
+        async for chunks in self.upstream.raw_chunks():
+            if self.rewriter is not None:
+                chunks = self.rewriter(chunks)
+            if chunks:
+                yield chunks
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         cycle = scope.get(SERVER_CYCLE)
         if not _is_uvicorn_cycle(cycle):
             fallback = StreamingResponse(
-                _relay(self.upstream, self.lease, self.path, True),
-                status_code=self.status_code,
-                headers=dict(self.headers),
+                self._payloads(), status_code=self.status_code, headers=dict(self.headers)
             )
             await fallback(scope, receive, send)
             return
-        tail = b""
         try:
             await send(
                 {
@@ -197,11 +211,14 @@ class RelayResponse(Response):
                 }
             )
             if cycle.chunked_encoding is not True:  # e.g. a HEAD request: let ASGI frame it
-                async for chunk in self.upstream.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            else:
-                transport = cycle.transport
-                async for chunks in self.upstream.raw_chunks():
+                async for payload in self._payloads():
+                    await send({"type": "http.response.body", "body": payload, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            transport = cycle.transport
+            tail = b""
+            try:
+                async for chunks in self._wire_chunks():
                     if transport.is_closing():  # the client left: closing upstream cancels
                         return
                     transport.write(chunks)
@@ -209,12 +226,26 @@ class RelayResponse(Response):
                         if transport.is_closing():
                             return
                         await asyncio.sleep(0.005)
-        except uds_http.UpstreamError as exc:
-            tail = _worker_failed(self.lease, self.path, exc)
+                tail = self.rewriter.finish() if self.rewriter is not None else b""
+            except uds_http.UpstreamError as exc:
+                tail = _worker_failed(self.lease, self.path, exc)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
             await self.upstream.aclose()
             self.lease.release()
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _payloads(self) -> AsyncIterator[bytes]:
+        """The same stream as plain body bytes, for when ASGI does the framing."""
+        try:
+            async for chunks in self._wire_chunks():
+                yield uds_http.chunk_payloads(chunks)
+            if self.rewriter is not None:
+                yield self.rewriter.finish()
+        except uds_http.UpstreamError as exc:
+            yield _worker_failed(self.lease, self.path, exc)
+        finally:
+            await self.upstream.aclose()
+            self.lease.release()
 
 
 def _is_uvicorn_cycle(cycle: Any) -> bool:

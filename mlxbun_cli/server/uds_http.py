@@ -45,6 +45,8 @@ class ChunkDecoder:
 
     def feed(self, data: bytes) -> bytes:
         """Every chunk completed by `data`, in wire format; ValueError on bad framing."""
+        if self.done:  # the trailer section after the last chunk is not relayed
+            return b""
         buf = self._pending + data if self._pending else data
         pos, size_of_buf = 0, len(buf)
         while True:
@@ -64,6 +66,22 @@ class ChunkDecoder:
             pos = end
         self._pending = buf[pos:]
         return buf[:pos]
+
+
+def chunk_payloads(wire: bytes) -> bytes:
+    """The payload bytes of whole chunks in wire format (as ChunkDecoder gives them)."""
+    parts, pos = [], 0
+    while pos < len(wire):
+        eol = wire.index(b"\r\n", pos)
+        size = int(wire[pos:eol].split(b";", 1)[0], 16)
+        parts.append(wire[eol + 2 : eol + 2 + size])
+        pos = eol + 2 + size + 2
+    return b"".join(parts)
+
+
+def frame_chunk(payload: bytes) -> bytes:
+    """One chunk in wire format (empty for no payload: a zero-size chunk ends the body)."""
+    return b"%x\r\n%s\r\n" % (len(payload), payload) if payload else b""
 
 
 class UpstreamResponse:

@@ -1,0 +1,68 @@
+"""The isolated parent's chunk relay: framing kept whole, Responses events patched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlxbun_cli.server.parent_responses import ResponseObjectRewriter
+from mlxbun_cli.server.uds_http import ChunkDecoder, chunk_payloads, frame_chunk
+
+EVENTS = [b"data: one\n\n", b"data: two two\n\n", b"x" * 300]
+
+
+def test_decoder_yields_whole_chunks_however_the_bytes_arrive():
+    body = b"".join(frame_chunk(e) for e in EVENTS) + b"0\r\n\r\n"
+    for step in (1, 2, 7, len(body)):
+        decoder, out = ChunkDecoder(), b""
+        for i in range(0, len(body), step):
+            ready = decoder.feed(body[i : i + step])
+            # Never half a chunk: whatever comes out is whole chunks.
+            assert chunk_payloads(ready) is not None
+            out += ready
+        assert decoder.done
+        assert chunk_payloads(out) == b"".join(EVENTS)
+        assert out == body[: -len(b"0\r\n\r\n")]
+
+
+def test_decoder_ignores_chunk_extensions_and_rejects_bad_framing():
+    decoder = ChunkDecoder()
+    assert chunk_payloads(decoder.feed(b"3;ext=1\r\nabc\r\n")) == b"abc"
+    with pytest.raises(ValueError):
+        ChunkDecoder().feed(b"zz\r\nabc\r\n")
+    with pytest.raises(ValueError):
+        ChunkDecoder().feed(b"3\r\nabcXY")
+
+
+def _event(kind: str, response: dict) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (
+        kind.encode(),
+        json.dumps({"type": kind, "response": response}).encode(),
+    )
+
+
+def test_rewriter_passes_deltas_untouched_and_patches_the_response_object():
+    stored = []
+
+    def remember(response):
+        stored.append(response)
+        return {**response, "store": True}
+
+    rewriter = ResponseObjectRewriter("resp_prev", remember)
+    created = rewriter(frame_chunk(_event("response.created", {"id": "r1"})))
+    assert json.loads(chunk_payloads(created).split(b"data: ")[1])["response"] == {
+        "id": "r1",
+        "previous_response_id": "resp_prev",
+    }
+    delta = frame_chunk(b'event: response.output_text.delta\ndata: {"delta": "hi"}\n\n')
+    assert rewriter(delta) is delta  # the common case: not even copied
+    done = _event("response.completed", {"id": "r1", "status": "completed"})
+    # The finished event split across two chunks: held until whole.
+    first = rewriter(frame_chunk(done[:20]))
+    second = rewriter(frame_chunk(done[20:]))
+    assert first == b""
+    out = chunk_payloads(second) + rewriter.finish()
+    assert out.endswith(b"\n\n")
+    assert json.loads(out.split(b"data: ")[1])["response"]["store"] is True
+    assert stored == [{"id": "r1", "status": "completed"}]
