@@ -55,7 +55,8 @@ def start_server(
             info = json.loads(state.read_text())
             if info["pid"] == proc.pid:
                 response = httpx.get(info["url"] + "/health", timeout=2)
-                if response.status_code == 200:
+                # 200 comes while the model loads too (requests wait): wait for ready.
+                if response.status_code == 200 and response.json().get("ready"):
                     return Server(proc, info["url"], home, log)
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             pass

@@ -6,8 +6,10 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import run_cli
+from serverutil import start_server
 
 from mlxbun_cli.jobs.manager import JobManager
 from mlxbun_cli.jobs.store import JobStore
@@ -133,6 +135,23 @@ def test_finetune_cancel_resume_and_the_adapter_loads(manager, tiny_model_dir, t
     assert json.loads(tuned.stdout)["text"] == ANSWER
     base = run_cli(*args, "--json", "-q")
     assert json.loads(base.stdout)["text"] != ANSWER
+
+    # `serve --adapter` (isolated workers, the default) serves the tuned model.
+    srv = start_server(tiny_model_dir, tmp_path / "serve-home", "--adapter", str(adapter))
+    try:
+        reply = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 16,
+                "temperature": 0,
+                "chat_template_kwargs": {"enable_thinking": False},
+            },
+            timeout=60,
+        )
+        assert reply.json()["choices"][0]["message"]["content"] == ANSWER
+    finally:
+        srv.stop()
 
 
 def test_dora_with_validation(manager, tiny_model_dir, tmp_path):

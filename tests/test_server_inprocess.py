@@ -81,3 +81,29 @@ def test_fast_content_chunks_are_the_same_bytes_as_full_ones():
             + _CONTENT_SUFFIX
         )
         assert fast == full
+
+
+def test_isolated_parent_health_is_200_while_its_worker_loads(tmp_path):
+    # The parent takes requests while the worker loads (they wait for it), so
+    # /health says "loading" with 200; a crashed or failed worker is a 503.
+    from mlxbun_cli.server.parent import create_parent_app
+    from mlxbun_cli.server.supervisor import Worker
+
+    ref = ModelRef("m", tmp_path, "path")
+    app, router = create_parent_app(ServeOptions(), ref)
+    worker = Worker(ref, None, str(tmp_path / "w.sock"), 0)
+    router.supervisor.workers[ref.id] = worker
+    expected = {
+        "starting": (200, "loading", False),
+        "ready": (200, "ok", True),
+        "restarting": (503, "restarting", False),
+        "failed": (503, "failed", False),
+    }
+    for state, (code, status, ready) in expected.items():
+        worker.state = state
+        health = call(app, "GET", "/health")
+        assert (health.status_code, health.json()["status"], health.json()["ready"]) == (
+            code,
+            status,
+            ready,
+        ), state

@@ -175,7 +175,7 @@ def start_detached(
             status = health(info.url)
             if status is not None and status.get("status") == "ok":
                 return info
-            if status is not None and status.get("status") == "error":
+            if status is not None and status.get("status") in ("error", "failed"):
                 stop(timeout=10)
                 raise MlxbunError(f"the daemon could not load its model: {status.get('error')}")
         time.sleep(0.1)

@@ -106,26 +106,23 @@ def build_router(
 
     @api.get("/health", summary="Aggregate health of the parent and its workers")
     async def health() -> JSONResponse:
+        """200 while requests can be taken: the model ready, or loading (requests
+        then wait for it, as a lease does). 503 while they would fail at once:
+        a worker restarting after a crash, or one that failed."""
         workers = router.supervisor.workers
         current = workers.get(router.current)
-        status = (
-            "ok"
-            if current is not None and current.state == "ready"
-            else (current.state if current is not None else "unloaded")
-        )
-        if current is None:
-            status = "ok"  # nothing resident is fine: the next request loads the model
+        state = current.state if current is not None else "unloaded"
+        status = {"ready": "ok", "unloaded": "ok", "starting": "loading"}.get(state, state)
         body = {
-            "status": "ok"
-            if status == "ok"
-            else ("loading" if status in ("starting", "restarting") else status),
+            "status": status,
+            "ready": state == "ready",
             "model": router.current,
             "uptime_s": round(time.time() - started_at, 1),
             "workers": {w.ref.id: w.state for w in workers.values()},
         }
         if current is not None and current.last_error:
             body["error"] = current.last_error
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return JSONResponse(body, status_code=200 if status in ("ok", "loading") else 503)
 
     async def worker_stats(worker: Any) -> dict[str, Any] | None:
         if worker.state != "ready" or worker.client is None:
@@ -235,10 +232,12 @@ def build_router(
     return api
 
 
-def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI, ModelRouter]:
+def create_parent_app(
+    options: ServeOptions, default: ModelRef, router: ModelRouter | None = None
+) -> tuple[FastAPI, ModelRouter]:
     # The parent answers some errors on the Anthropic paths itself (401, 404, 413, 502).
     errors.register_error_shape("/v1/messages", anthropic.error_body)
-    router = ModelRouter(options, default)
+    router = router or ModelRouter(options, default)
     counters = ParentCounters()
     started_at = time.time()
 
@@ -268,10 +267,12 @@ def create_parent_app(options: ServeOptions, default: ModelRef) -> tuple[FastAPI
     return app, router
 
 
-def parent_server(options: ServeOptions, default: ModelRef) -> tuple[Any, Any]:
+def parent_server(
+    options: ServeOptions, default: ModelRef, router: ModelRouter | None = None
+) -> tuple[Any, Any]:
     from mlxbun_cli.server.run import uvicorn_server
 
-    app, router = create_parent_app(options, default)
+    app, router = create_parent_app(options, default, router)
 
     def drain() -> None:
         # The running job stops (resumable); workers drain their own streams with

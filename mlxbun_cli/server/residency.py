@@ -123,6 +123,24 @@ class ModelRouter:
     def resident_bytes(self) -> int:
         return sum(w.estimated_bytes for w in self.supervisor.workers.values())
 
+    def _adapter_for(self, ref: ModelRef) -> str | None:
+        # `serve MODEL --adapter DIR` applies to that model, not to others it loads.
+        return self.options.adapter if ref.id == self.default.id else None
+
+    def prestart_default(self) -> None:
+        """Start the default model's worker now, before the parent's own start-up.
+
+        Called before the web stack is imported, so the worker's imports and
+        model load overlap the parent's; `start()` then adopts the process.
+        """
+        if self.default.id in self.supervisor.workers:
+            return
+        need = estimate_bytes(self.default)
+        if need <= self.budget:
+            self.supervisor.prestart(
+                self.default, self._adapter_for(self.default), memory_ceiling=self.budget
+            )
+
     async def start(self) -> None:
         await self.ensure(self.default, pin=self.default.id in self.options.pinned)
         if self._reaper is None:
@@ -137,7 +155,10 @@ class ModelRouter:
                 await self._make_room(need, ref.id)
                 # The model may use what the others leave of the budget.
                 worker = self.supervisor.new_worker(
-                    ref, need, memory_ceiling=self.budget - self.resident_bytes
+                    ref,
+                    need,
+                    adapter=self._adapter_for(ref),
+                    memory_ceiling=self.budget - self.resident_bytes,
                 )
                 worker.keep_alive = self.options.keep_alive
             worker.pinned = worker.pinned or pin or ref.id in self.options.pinned

@@ -28,6 +28,7 @@ async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mlxbun
     body: dict[str, Any] = {
         "status": state.status,
+        "ready": state.status == "ok",
         "model": state.ref.id,
         "uptime_s": round(time.time() - state.started_at, 1),
     }

@@ -101,9 +101,18 @@ def serve(options: ServeOptions, default_model: str | None = None, on_ready: Any
     port = sock.getsockname()[1]
     url = _url(options.host, port)
     if options.isolated:
-        from mlxbun_cli.server.parent import parent_server
+        from mlxbun_cli.server.residency import ModelRouter
 
-        server, cleanup = parent_server(options, ref)
+        # The worker starts first: its imports and load overlap the parent's.
+        router = ModelRouter(options, ref)
+        router.prestart_default()
+        try:
+            from mlxbun_cli.server.parent import parent_server
+
+            server, cleanup = parent_server(options, ref, router)
+        except BaseException:
+            router.supervisor.kill_all_now()
+            raise
     else:
         state = ServerState(options, ref)
         state.start_loading()

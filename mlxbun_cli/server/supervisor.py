@@ -96,8 +96,35 @@ class Supervisor:
         self._monitor: asyncio.Task | None = None
         self._stopping = False
         self._spawned = 0
+        # ref id -> (socket path, process, adapter, memory ceiling) started early
+        self._prestarted: dict[str, tuple[str, subprocess.Popen, str | None, int | None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------
+
+    def _socket_path(self) -> str:
+        self._spawned += 1
+        return os.path.join(self.socket_dir, f"w{self._spawned}.sock")
+
+    def _popen(
+        self, ref: ModelRef, socket_path: str, adapter: str | None, memory_ceiling: int | None
+    ) -> subprocess.Popen:
+        from mlxbun_cli.server.worker import worker_args
+
+        return subprocess.Popen(
+            worker_args(self.options, ref, socket_path, adapter, memory_ceiling),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def prestart(self, ref: ModelRef, adapter: str | None, memory_ceiling: int | None) -> None:
+        """Start a worker process with no event loop yet; new_worker adopts it."""
+        path = self._socket_path()
+        self._prestarted[ref.id] = (
+            path,
+            self._popen(ref, path, adapter, memory_ceiling),
+            adapter,
+            memory_ceiling,
+        )
 
     def new_worker(
         self,
@@ -106,34 +133,32 @@ class Supervisor:
         adapter: str | None = None,
         memory_ceiling: int | None = None,
     ) -> Worker:
-        self._spawned += 1
+        early = self._prestarted.pop(ref.id, None)
+        if early is not None and early[2:] != (adapter, memory_ceiling):
+            early[1].kill()  # started with other settings: not the worker asked for now
+            early[1].wait()
+            early = None
         worker = Worker(
             ref,
             adapter,
-            os.path.join(self.socket_dir, f"w{self._spawned}.sock"),
+            early[0] if early else self._socket_path(),
             estimated_bytes,
             memory_ceiling=memory_ceiling,
         )
         self.workers[ref.id] = worker
-        self._spawn(worker)
+        self._spawn(worker, early[1] if early else None)
         if self._monitor is None:
             self._monitor = asyncio.get_running_loop().create_task(self._watch())
         return worker
 
-    def _spawn(self, worker: Worker) -> None:
+    def _spawn(self, worker: Worker, proc: subprocess.Popen | None = None) -> None:
         import httpx
-
-        from mlxbun_cli.server.worker import worker_args
 
         worker.state = "starting"
         worker.ready_event = asyncio.Event()
         worker.started_at = time.time()
-        worker.proc = subprocess.Popen(
-            worker_args(
-                self.options, worker.ref, worker.socket_path, worker.adapter, worker.memory_ceiling
-            ),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+        worker.proc = proc or self._popen(
+            worker.ref, worker.socket_path, worker.adapter, worker.memory_ceiling
         )
         if worker.client is None:
             worker.client = httpx.AsyncClient(
@@ -162,7 +187,7 @@ class Supervisor:
                     return
             except Exception:
                 pass
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
 
     async def _watch(self) -> None:
         """Respawn workers that died without being asked to."""
@@ -257,6 +282,9 @@ class Supervisor:
 
     def kill_all_now(self) -> None:
         """Last resort at exit: no worker outlives the parent."""
+        for _path, proc, _adapter, _ceiling in self._prestarted.values():
+            if proc.poll() is None:
+                proc.kill()
         for worker in self.workers.values():
             if worker.proc is not None and worker.proc.poll() is None:
                 worker.proc.kill()
