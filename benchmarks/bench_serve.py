@@ -1474,9 +1474,9 @@ def render(report: dict[str, Any]) -> None:
         table(f"start-up, tiny model (median of {st['rounds']} rounds after a warm-up round)",
               ["env", "server", "spawn → /health 200 s", "spawn → first token s", "runs (health)"], rows)  # fmt: skip
         say(
-            "  note: mlx_lm.server answers /health 200 before its model is loaded (it loads in its "
-            "generation thread); mlxbun answers 200 once the model is ready. 'first token' is the "
-            "like-for-like readiness."
+            "  note: /health 200 means 'taking requests', not 'model loaded': mlx_lm.server and "
+            "isolated mlxbun answer it while the model loads (requests wait); mlxbun --in-process "
+            "answers 503 until it is loaded. 'first token' is the like-for-like readiness."
         )
     say(f"total bench time {report['elapsed_s']:.0f}s")
 
