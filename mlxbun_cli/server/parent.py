@@ -179,7 +179,7 @@ def build_router(
 
     @api.get("/v1/models/{model_id:path}", summary="One local model")
     async def get_model(model_id: str) -> Response:
-        if model_id not in router.local_ids():
+        if model_id not in router.local_ids(fresh=True):
             return errors.error_response(
                 404, f"no local model '{model_id}'", "not_found_error", "model"
             )
@@ -197,7 +197,7 @@ def build_router(
     @api.post("/api/models/load", summary="Load a model (optionally pinned)")
     async def load(request: Request) -> Response:
         model, data = await read_model_field(request)
-        if model not in router.local_ids():
+        if model not in router.local_ids(fresh=True):
             return errors.error_response(
                 404, f"no local model '{model}'", "not_found_error", "model"
             )

@@ -90,6 +90,9 @@ class Lease:
             self.router._release(self)
 
 
+LOCAL_IDS_TTL_S = 2.0
+
+
 class ModelRouter:
     def __init__(self, options: ServeOptions, default: ModelRef) -> None:
         self.options = options
@@ -100,13 +103,20 @@ class ModelRouter:
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task | None = None
         self.evictions = 0
+        self._local_ids: tuple[float, dict[str, ModelRef]] | None = None
 
     # -- which model ----------------------------------------------------------------
 
-    def local_ids(self) -> dict[str, ModelRef]:
-        refs = {ref.id: ref for ref in known_models()}
-        refs[self.default.id] = self.default
-        return refs
+    def local_ids(self, fresh: bool = False) -> dict[str, ModelRef]:
+        # Scanning the registry, data dir and HF cache costs milliseconds, so
+        # the result is reused briefly: a model added on disk shows up within
+        # LOCAL_IDS_TTL_S, and no request pays for a scan.
+        now = time.monotonic()
+        if fresh or self._local_ids is None or now - self._local_ids[0] > LOCAL_IDS_TTL_S:
+            refs = {ref.id: ref for ref in known_models()}
+            refs[self.default.id] = self.default
+            self._local_ids = (now, refs)
+        return self._local_ids[1]
 
     def target_for(self, model: Any) -> ModelRef:
         if model is not None and not isinstance(model, str):
