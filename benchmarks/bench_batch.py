@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Batch generation: `mlxbun generate --batch` vs mlx-lm, 64 requests on the tiny model.
 
-    .venv/bin/python benchmarks/bench_batch.py [--requests 64] [--tokens 64] [--json]
+    .venv/bin/python benchmarks/bench_batch.py [--requests 64] [--tokens 64] [--rounds 3] [--env bytecode_cached|as_is] [--json]
 
 Three whole processes, each loading the model once and producing the same
 number of tokens per request (EOS is forbidden for all three, so every request
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating")
+    parser.add_argument(
+        "--env",
+        choices=("bytecode_cached", "as_is"),
+        default="bytecode_cached",
+        help="bytecode_cached (default): both sides use a warmed PYTHONPYCACHEPREFIX, as an "
+        "installed user has; as_is: your environment (PYTHONDONTWRITEBYTECODE=1 recompiles "
+        "mlxbun, an editable install, on every start but not mlx_lm)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -67,7 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     opts = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mlxbun-bench-batch-"))
+    try:
+        return _bench(opts, root)
+    finally:
+        if not opts.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _bench(opts: argparse.Namespace, root: Path) -> int:
     env = {**os.environ, "MLXBUN_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    if opts.env == "bytecode_cached":
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from mlxbun_cli.demo_model import build_demo_model
 
@@ -107,48 +135,73 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{cmd[:3]} failed:\n{proc.stderr[-2000:]}")
         return time.perf_counter() - start, proc.stdout
 
-    results = {}
     out = root / "out.jsonl"
-    # mlxbun's start-up + model load + one token, to subtract from its batch wall time.
-    startup, _ = run([mlxbun, "-q", "generate", str(model), "hi", "-n", "1", "--local"])
-    wall, _ = run(
-        [
-            mlxbun,
-            "-q",
-            "generate",
+    batch_cmd = [
+        mlxbun,
+        "-q",
+        "generate",
+        str(model),
+        "--batch",
+        str(root / "in.jsonl"),
+        "-o",
+        str(out),
+        *(["--concurrency", str(opts.concurrency)] if opts.concurrency else []),
+    ]
+    startup_cmd = [mlxbun, "-q", "generate", str(model), "hi", "-n", "1", "--local"]
+
+    def mlx_lm_cmd(mode: str) -> list[str]:
+        return [
+            sys.executable,
+            str(root / "mlx_lm_side.py"),
+            mode,
             str(model),
-            "--batch",
-            str(root / "in.jsonl"),
-            "-o",
-            str(out),
-            *(["--concurrency", str(opts.concurrency)] if opts.concurrency else []),
+            str(root / "prompts.json"),
+            str(opts.tokens),
         ]
-    )
-    tokens = sum(
-        json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
-        for line in out.read_text().splitlines()
-    )
-    results["mlxbun_batch"] = {
-        "wall_s": wall,
-        "tokens": tokens,
-        "generation_s": max(1e-3, wall - startup),
-    }
-    for mode in ("sequential", "batch_generate"):
-        wall, stdout = run(
-            [
-                sys.executable,
-                str(root / "mlx_lm_side.py"),
-                mode if mode == "sequential" else "batch",
-                str(model),
-                str(root / "prompts.json"),
-                str(opts.tokens),
-            ]
+
+    def mlxbun_batch() -> dict:
+        out.unlink(missing_ok=True)  # a fresh batch each round, not a resume
+        wall, _ = run(batch_cmd)
+        tokens = sum(
+            json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
+            for line in out.read_text().splitlines()
         )
+        return {"wall_s": wall, "tokens": tokens}
+
+    def mlx_lm_side(mode: str) -> dict:
+        wall, stdout = run(mlx_lm_cmd(mode))
         side = json.loads(stdout.strip().splitlines()[-1])
-        results[f"mlx_lm_{mode}"] = {
+        return {"wall_s": wall, "tokens": side["tokens"], "generation_s": side["generation_s"]}
+
+    # Warm-up: builds the bytecode caches and the mlx kernel cache for every side.
+    run(startup_cmd)
+    mlxbun_batch()
+    mlx_lm_side("batch")
+    sides = {
+        "mlxbun_batch": mlxbun_batch,
+        "mlx_lm_sequential": lambda: mlx_lm_side("sequential"),
+        "mlx_lm_batch_generate": lambda: mlx_lm_side("batch"),
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    startups: list[float] = []
+    for _ in range(opts.rounds):
+        startups.append(run(startup_cmd)[0])  # mlxbun's start-up + load + one token
+        for name, side in sides.items():
+            runs[name].append(side())
+    startup = _median(startups)
+    results = {}
+    for name, rs in runs.items():
+        wall = _median([r["wall_s"] for r in rs])
+        gen = (
+            max(1e-3, wall - startup)
+            if name == "mlxbun_batch"
+            else _median([r["generation_s"] for r in rs])
+        )
+        results[name] = {
             "wall_s": wall,
-            "tokens": side["tokens"],
-            "generation_s": side["generation_s"],
+            "walls_s": [round(r["wall_s"], 3) for r in rs],
+            "tokens": rs[0]["tokens"],
+            "generation_s": gen,
         }
     for r in results.values():
         r["requests_per_s"] = opts.requests / r["wall_s"]
@@ -176,18 +229,22 @@ def main(argv: list[str] | None = None) -> int:
             "pass_vs_batch_generate": gen_vs_batch >= 1.0,
         },
         "load_average": os.getloadavg()[0],
-        "note": "whole processes: each side's wall time includes start-up and one model load",
+        "rounds": opts.rounds,
+        "env": opts.env,
+        "note": "whole processes: each side's wall time includes start-up and one model load; "
+        "medians of the rounds",
     }
     if opts.json:
         print(json.dumps(report, indent=2))
         return 0
     print(
-        f"{opts.requests} requests x {opts.tokens} tokens, tiny model (load average {report['load_average']:.2f})"
+        f"{opts.requests} requests x {opts.tokens} tokens, tiny model, {opts.env}, median of "
+        f"{opts.rounds} rounds (load average {report['load_average']:.2f})"
     )
     for name, r in results.items():
         print(
             f"  {name:22s} {r['wall_s']:7.2f} s  {r['requests_per_s']:7.1f} req/s  {r['tokens_per_s']:8.0f} tok/s"
-            f"  ({r['tokens']} tokens)"
+            f"  ({r['tokens']} tokens; runs {', '.join(f'{w:.2f}' for w in r['walls_s'])} s)"
         )
     print(
         f"mlxbun --batch vs sequential mlx_lm.generate: {vs_seq:.2f}x (target >= {TARGET_VS_SEQUENTIAL}) "

@@ -124,6 +124,13 @@ CONC_STREAMS = 8
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
+
+def _backoff(restarts_before: int) -> float:
+    """The supervisor's delay before this respawn (its own constants, so they stay in step)."""
+    from mlxbun_cli.server.supervisor import BACKOFF_MAX, BACKOFF_START
+
+    return min(BACKOFF_MAX, BACKOFF_START * 2 ** min(restarts_before, 6))
+
 def _proc_cpu(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -1083,7 +1090,7 @@ def respawn(server: Server, reps: int) -> dict[str, Any]:
         out.append({
             "killed_pid": old,
             "restarts_before": restarts_before,
-            "backoff_s": min(10.0, 0.25 * 2 ** min(restarts_before, 6)),
+            "backoff_s": _backoff(restarts_before),
             "new_pid_seen_s": rnd(seen - t0, 3) if seen else None,
             "ready_s": rnd(ready - t0, 3) if ready else None,
             "first_request_ok": not first.get("error"),

@@ -21,7 +21,7 @@ from mlxbun_cli.server.state import ServeOptions
 
 log = logging.getLogger("mlxbun.supervisor")
 
-BACKOFF_START = 0.25
+BACKOFF_START = 0.1  # then 0.2, 0.4, … up to BACKOFF_MAX while it keeps crashing
 BACKOFF_MAX = 10.0
 
 
