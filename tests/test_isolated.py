@@ -173,6 +173,28 @@ def test_budget_for_one_model_alternates_and_never_evicts_a_leased_one(two_model
         assert srv.stop() == 0, srv.output()
 
 
+def test_workers_exit_when_the_parent_is_killed(tiny_model_dir, tmp_path):
+    # Workers run in their own session: a SIGKILLed parent must not leave them
+    # holding their model's memory.
+    srv = start_server(tiny_model_dir, tmp_path / "home")
+    worker = engine(srv)["workers"][0]["pid"]
+    srv.proc.kill()
+    srv.proc.wait(10)
+
+    def gone() -> bool:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie (exited, not yet reaped by init) counts as gone
+            with open(f"/proc/{worker}/stat") as fh:
+                return fh.read().split(")")[1].split()[0] == "Z"
+        except OSError:  # no /proc here
+            return False
+
+    wait_for(gone, timeout=15)
+
+
 def test_memory_admission_refuses_and_clamps(tiny_model_dir, tmp_path):
     srv = start_server(tiny_model_dir, tmp_path / "home", "--in-process", "--memory-budget", "1MB")
     try:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,6 +55,21 @@ def worker_args(
     ]
 
 
+def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
+    """Drain and exit once the parent is gone (even killed with SIGKILL).
+
+    Workers run in their own session, so no signal reaches them when the
+    parent dies; without this they would hold their model's memory forever.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)  # the same graceful drain as a stop
+
+    threading.Thread(target=watch, name="mlxbun-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlxbun-worker")
     parser.add_argument("--socket", required=True)
@@ -63,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlxbun_cli.server.run import engine_server
 
+    _exit_with_parent(os.getppid())
     options = ServeOptions(**json.loads(args.options))
     state = ServerState(options, ModelRef(args.model_id, Path(args.model_path), args.source))
     state.start_loading()
