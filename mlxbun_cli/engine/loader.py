@@ -129,6 +129,9 @@ def load_model(
     # Materialise every weight now (LoRA layers included), on this thread, so the
     # scheduler thread never has to evaluate arrays bound to another thread's stream.
     mx.eval(model.parameters())
+    from mlxbun_cli.prep.templates import warm_up
+
+    warm_up(tokenizer)
     elapsed = time.perf_counter() - started
     log.info("loaded %s from %s in %.2fs", ref.id, ref.path, elapsed)
     return LoadedModel(

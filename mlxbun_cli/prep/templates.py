@@ -102,6 +102,23 @@ def render_chat(
     return RenderedPrompt(text, tokens, _ends_in_open_think(text, think_start, think_end))
 
 
+def warm_up(tokenizer: Any) -> None:
+    """Compile the chat template now (tens of ms), not in the first request.
+
+    transformers caches the compiled template, but many threads rendering at
+    once (a batch starting) would each compile it before the cache fills.
+    """
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    if not getattr(hf, "chat_template", None):
+        return
+    try:
+        hf.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception:  # a template that needs more than this: the first request compiles it
+        pass
+
+
 def _needs_generation_prompt(messages: list[dict[str, Any]]) -> bool:
     # A final assistant message is a prefill to continue, not a finished turn.
     return not (messages and messages[-1].get("role") == "assistant")
