@@ -25,7 +25,7 @@ from mlxbun_cli.protocols import WireError, anthropic
 from mlxbun_cli.server import errors, routes_jobs, routes_publishing
 from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.parent_responses import build_responses_router
-from mlxbun_cli.server.proxy import capture_server_cycle, forward, open_upstream
+from mlxbun_cli.server.proxy import forward, open_upstream
 from mlxbun_cli.server.residency import AdmissionError, ModelRouter
 from mlxbun_cli.server.responses_store import ResponseStore
 from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
@@ -280,5 +280,4 @@ def parent_server(
         routes_jobs.drain(app)
         router.supervisor.signal_all(signal.SIGTERM)
 
-    served = capture_server_cycle(app)
-    return uvicorn_server(served, options, on_exit=drain), router.supervisor.kill_all_now
+    return uvicorn_server(app, options, on_exit=drain), router.supervisor.kill_all_now

@@ -7,7 +7,6 @@ that dies mid-stream ends the stream with the protocol's own error frame.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mlxbun_cli.server import uds_http
+from mlxbun_cli.server.direct_write import SERVER_CYCLE, is_uvicorn_cycle, wait_writable
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
 
@@ -139,25 +139,6 @@ def _worker_failed(lease: Lease, path: str, exc: Exception) -> bytes:
 
 # -- the fast relay of event streams ------------------------------------------
 
-SERVER_CYCLE = "mlxbun.server_cycle"
-WRITE_BUFFER_HIGH = 1 << 20  # bytes queued for a slow client before reading pauses
-
-
-def capture_server_cycle(app: Any) -> Any:
-    """Wrap the ASGI app so handlers can reach uvicorn's connection for this request.
-
-    uvicorn's `send` is a method of its per-request cycle, which holds the
-    client transport. RelayResponse writes worker chunks to it directly; other
-    servers (or tests without uvicorn) get the ordinary ASGI path.
-    """
-
-    async def with_cycle(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            scope[SERVER_CYCLE] = getattr(send, "__self__", None)
-        await app(scope, receive, send)
-
-    return with_cycle
-
 
 class RelayResponse(Response):
     """A worker's event stream relayed to the client, chunk for chunk.
@@ -196,7 +177,7 @@ class RelayResponse(Response):
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         cycle = scope.get(SERVER_CYCLE)
-        if not _is_uvicorn_cycle(cycle):
+        if not is_uvicorn_cycle(cycle):
             fallback = StreamingResponse(
                 self._payloads(), status_code=self.status_code, headers=dict(self.headers)
             )
@@ -222,10 +203,8 @@ class RelayResponse(Response):
                     if transport.is_closing():  # the client left: closing upstream cancels
                         return
                     transport.write(chunks)
-                    while transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
-                        if transport.is_closing():
-                            return
-                        await asyncio.sleep(0.005)
+                    if not await wait_writable(transport):
+                        return
                 tail = self.rewriter.finish() if self.rewriter is not None else b""
             except uds_http.UpstreamError as exc:
                 tail = _worker_failed(self.lease, self.path, exc)
@@ -246,10 +225,3 @@ class RelayResponse(Response):
         finally:
             await self.upstream.aclose()
             self.lease.release()
-
-
-def _is_uvicorn_cycle(cycle: Any) -> bool:
-    return all(
-        hasattr(cycle, name)
-        for name in ("transport", "chunked_encoding", "response_started", "disconnected")
-    )

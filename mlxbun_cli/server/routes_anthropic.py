@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.errors import MlxbunError, OptionError
 from mlxbun_cli.prep.events import Done, OutputEvent
@@ -13,6 +13,7 @@ from mlxbun_cli.prep.pipeline import PreparedRequest
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
 from mlxbun_cli.server.bridge import guard_stream, stream_events
+from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response, register_error_shape
 from mlxbun_cli.server.routes_openai import prepared_headers, read_json, stream_headers
 from mlxbun_cli.server.state import ServerState
@@ -69,7 +70,7 @@ async def messages(request: Request) -> Response:
             state.counters.errors += 1
 
         prompt_tokens = len(prepared.engine_request.prompt_tokens)
-        return StreamingResponse(
+        return EventStreamResponse(
             guard_stream(
                 state,
                 render_stream(events, renderer, prompt_tokens, count_error),

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.catalog import known_models
 from mlxbun_cli.client.results import Collected
@@ -16,6 +16,7 @@ from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
 from mlxbun_cli.server.bridge import guard_stream, stream_events
+from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
 from mlxbun_cli.server.state import ServerState
@@ -89,7 +90,7 @@ async def _generate(
     model_id = state.loaded.id
     events = stream_events(state, prepared)
     if stream:
-        return StreamingResponse(
+        return EventStreamResponse(
             guard_stream(state, render_stream(events, model_id, include_usage), _failure_frames),
             media_type="text/event-stream",
             headers=stream_headers(prepared),

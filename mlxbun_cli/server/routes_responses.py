@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.errors import OptionError
 from mlxbun_cli.prep.events import Done
@@ -25,6 +25,7 @@ from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
 from mlxbun_cli.protocols.openai import error_body
 from mlxbun_cli.server.bridge import stream_events
+from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response, register_error_shape
 from mlxbun_cli.server.routes_openai import (
     prepared_headers,
@@ -339,7 +340,7 @@ async def create_response(request: Request) -> Response:
     run = _Run(state, parsed, conversation)
     events = stream_events(state, prepared)
     if parsed.stream:
-        return StreamingResponse(
+        return EventStreamResponse(
             _stream(run, events),
             media_type="text/event-stream",
             headers=stream_headers(prepared),

@@ -66,8 +66,10 @@ def uvicorn_server(
                 on_startup(asyncio.get_running_loop())
             await super().startup(sockets=sockets)
 
+    from mlxbun_cli.server.direct_write import capture_server_cycle
+
     config = uvicorn.Config(
-        app,
+        capture_server_cycle(app),
         log_level=options.log_level,
         timeout_graceful_shutdown=int(options.shutdown_grace) + 5,
         access_log=options.log_level == "debug",

@@ -1,0 +1,87 @@
+"""Writing streamed bodies straight to uvicorn's connection.
+
+Each ASGI `send` of a token's chunk passes through every middleware's send
+wrapper before uvicorn frames it; at a few hundred tokens a second that is a
+good part of the event loop's work. uvicorn's `send` is a method of its
+per-request cycle, which holds the client transport: when the app is served
+by uvicorn and the response is chunked, the body can be framed and written
+directly. Headers and the end of the body still go through ASGI, so
+middleware sees the response start and uvicorn finishes the response (and
+the connection's keep-alive) itself. Anything else takes the ordinary path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+SERVER_CYCLE = "mlxbun.server_cycle"
+WRITE_BUFFER_HIGH = 1 << 20  # bytes queued for a slow client before the stream waits
+
+
+def capture_server_cycle(app: Any) -> Any:
+    """Wrap the ASGI app so responses can reach uvicorn's cycle for their request."""
+
+    async def with_cycle(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[SERVER_CYCLE] = getattr(send, "__self__", None)
+        await app(scope, receive, send)
+
+    return with_cycle
+
+
+def is_uvicorn_cycle(cycle: Any) -> bool:
+    return all(
+        hasattr(cycle, name)
+        for name in ("transport", "chunked_encoding", "response_started", "disconnected")
+    )
+
+
+def chunked_transport(scope: dict) -> Any:
+    """The client transport, once this response is uvicorn's and chunk-framed; else None."""
+    cycle = scope.get(SERVER_CYCLE)
+    if not is_uvicorn_cycle(cycle):
+        return None
+    return cycle.transport if cycle.chunked_encoding is True else None
+
+
+async def wait_writable(transport: Any) -> bool:
+    """Back-pressure from a slow client; False once the client is gone."""
+    while transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+        if transport.is_closing():
+            return False
+        await asyncio.sleep(0.005)
+    return not transport.is_closing()
+
+
+class EventStreamResponse(StreamingResponse):
+    """A StreamingResponse whose chunks go straight to the client connection."""
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self._scope = scope
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        transport = chunked_transport(self._scope)
+        if transport is None:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        else:
+            try:
+                async for chunk in self.body_iterator:
+                    if not await wait_writable(transport):
+                        return  # the client left; closing the iterator cancels the request
+                    if isinstance(chunk, str):
+                        chunk = chunk.encode()
+                    if chunk:
+                        transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            finally:
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
