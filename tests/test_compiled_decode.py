@@ -118,3 +118,21 @@ def test_setting_reaches_the_engine(tiny_model_dir, monkeypatch, value, state):
         assert backend.loaded.scheduler.compiled_decode_state == state
     finally:
         backend.close()
+
+
+def test_a_step_that_fails_later_falls_back_without_losing_the_batch(tiny_loaded, monkeypatch):
+    from mlxbun_cli.engine import compiled_decode
+
+    original = compiled_decode.CompiledDecodeModel._step
+
+    def fails_for_three_rows(self, tokens, *args):
+        if tokens.shape[0] == 3:  # the probe (two rows) passes; the real batch does not
+            raise RuntimeError("cannot compile this shape")
+        return original(self, tokens, *args)
+
+    monkeypatch.setattr(compiled_decode.CompiledDecodeModel, "_step", fails_for_three_rows)
+    shapes = [(5, 20), (9, 20), (3, 20)]
+    fast = _run_batch(tiny_loaded, True, _requests(tiny_loaded, shapes))
+    plain = _run_batch(tiny_loaded, False, _requests(tiny_loaded, shapes))
+    assert fast[2] == "unsupported"
+    assert fast[0] == plain[0] and [len(t) for t in fast[0]] == [20, 20, 20]

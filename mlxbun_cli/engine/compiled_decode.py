@@ -102,9 +102,12 @@ class CompiledDecodeModel:
                 return self._model(tokens, cache=cache)
         return self._compiled_call(tokens, cache)
 
-    def _compiled_call(self, tokens: Any, cache: list[Any]) -> Any:
+    def _compiled_call(self, tokens: Any, cache: list[Any], fallback: bool = True) -> Any:
         import mlx.core as mx
 
+        # One dtype, so the first step of a new batch (int32 prompt ids) and
+        # the later ones (the sampler's uint32) share a trace.
+        tokens = tokens.astype(mx.uint32)
         first = cache[0]
         capacity = _capacity(first._idx + 1)
         if first.keys.shape[2] != capacity:
@@ -119,7 +122,18 @@ class CompiledDecodeModel:
         buffers = [a for layer in cache for a in (layer.keys, layer.values)]
         for layer in cache:  # let the step write the buffers in place (donation)
             layer.keys = layer.values = None
-        logits, *updated = self._compiled(tokens, first.offset, first.left_padding, index, *buffers)
+        try:
+            logits, *updated = self._compiled(
+                tokens, first.offset, first.left_padding, index, *buffers
+            )
+        except Exception as exc:  # a shape or model the probe did not cover
+            for i, layer in enumerate(cache):
+                layer.keys, layer.values = buffers[2 * i], buffers[2 * i + 1]
+            if not fallback:
+                raise
+            log.warning("compiled decode failed (%s); using the plain step from now on", exc)
+            self.enabled = False
+            return self._model(tokens, cache=cache)
         del buffers
         for i, layer in enumerate(cache):
             layer.keys, layer.values = updated[2 * i], updated[2 * i + 1]
@@ -155,7 +169,7 @@ class CompiledDecodeModel:
             step = mx.array([[11], [12]])
             for _ in range(2):
                 want = self._model(step, cache=plain).astype(mx.float32)
-                got = self._compiled_call(step, compiled).astype(mx.float32)
+                got = self._compiled_call(step, compiled, fallback=False).astype(mx.float32)
                 # Fused kernels round differently in half precision: allow drift
                 # of a few percent of the logits' range, far below what attending
                 # to the noise would cause.

@@ -112,6 +112,8 @@ def build_router(
         workers = router.supervisor.workers
         current = workers.get(router.current)
         state = current.state if current is not None else "unloaded"
+        if state == "starting" and current.restarts:
+            state = "restarting"  # still recovering from a crash: not healthy until ready
         status = {"ready": "ok", "unloaded": "ok", "starting": "loading"}.get(state, state)
         body = {
             "status": status,

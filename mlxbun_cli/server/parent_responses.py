@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
+from mlxbun_cli.server.proxy import RelayResponse, close_upstream, unavailable_frame
 from mlxbun_cli.server.responses_store import ResponseStore
 
 Lease = Any
@@ -67,8 +68,7 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
             try:
                 data = json.loads(await upstream.aread())
             finally:
-                await upstream.aclose()
-                lease.release()
+                await close_upstream(upstream, lease)
             if (
                 upstream.status_code == 200
                 and isinstance(data, dict)
@@ -77,8 +77,6 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
                 data = remember(data)
             return JSONResponse(data, status_code=upstream.status_code)
         if upstream.is_chunked:
-            from mlxbun_cli.server.proxy import RelayResponse
-
             return RelayResponse(
                 upstream,
                 lease,
@@ -113,7 +111,6 @@ async def _relay(
     upstream: Any, lease: Lease, previous: str | None, remember: Callable
 ) -> AsyncIterator[bytes]:
     """Pass events through; patch the response objects and store the finished one."""
-    from mlxbun_cli.server.proxy import unavailable_frame
     from mlxbun_cli.server.uds_http import UpstreamError
 
     buffer = b""
@@ -130,8 +127,7 @@ async def _relay(
             "/v1/responses", "the model's worker stopped mid-stream; nothing was retried"
         )
     finally:
-        await upstream.aclose()
-        lease.release()
+        await close_upstream(upstream, lease)
 
 
 class ResponseObjectRewriter:

@@ -7,6 +7,7 @@ that dies mid-stream ends the stream with the protocol's own error frame.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -124,8 +125,7 @@ async def _relay(upstream: Any, lease: Lease, path: str, is_stream: bool) -> Asy
         if is_stream:
             yield _worker_failed(lease, path, exc)
     finally:
-        await upstream.aclose()
-        lease.release()
+        await close_upstream(upstream, lease)
 
 
 def _worker_failed(lease: Lease, path: str, exc: Exception) -> bytes:
@@ -198,20 +198,33 @@ class RelayResponse(Response):
                 return
             transport = cycle.transport
             tail = b""
+            # A client that hangs up closes the upstream at once (the worker
+            # then cancels), even while no chunk is coming: queued, prefilling.
+            client_left = asyncio.Event()
+            watcher = asyncio.create_task(self._watch_disconnect(receive, client_left))
             try:
                 async for chunks in self._wire_chunks():
-                    if transport.is_closing():  # the client left: closing upstream cancels
+                    if transport.is_closing():
                         return
                     transport.write(chunks)
                     if not await wait_writable(transport):
                         return
                 tail = self.rewriter.finish() if self.rewriter is not None else b""
             except uds_http.UpstreamError as exc:
+                if client_left.is_set():
+                    return
                 tail = _worker_failed(self.lease, self.path, exc)
+            finally:
+                watcher.cancel()
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
-            await self.upstream.aclose()
-            self.lease.release()
+            await close_upstream(self.upstream, self.lease)
+
+    async def _watch_disconnect(self, receive: Any, client_left: asyncio.Event) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        client_left.set()
+        self.upstream.abort()
 
     async def _payloads(self) -> AsyncIterator[bytes]:
         """The same stream as plain body bytes, for when ASGI does the framing."""
@@ -223,5 +236,12 @@ class RelayResponse(Response):
         except uds_http.UpstreamError as exc:
             yield _worker_failed(self.lease, self.path, exc)
         finally:
-            await self.upstream.aclose()
-            self.lease.release()
+            await close_upstream(self.upstream, self.lease)
+
+
+async def close_upstream(upstream: Any, lease: Lease) -> None:
+    """Close the worker connection; the lease ends even if closing is interrupted."""
+    try:
+        await upstream.aclose()
+    finally:
+        lease.release()

@@ -91,6 +91,7 @@ class Lease:
 
 
 LOCAL_IDS_TTL_S = 2.0
+MISS_RESCAN_S = 0.25  # an unknown name rescans, at most this often
 
 
 class ModelRouter:
@@ -118,10 +119,15 @@ class ModelRouter:
             self._local_ids = (now, refs)
         return self._local_ids[1]
 
+    def _scan_age(self) -> float:
+        return time.monotonic() - self._local_ids[0] if self._local_ids else float("inf")
+
     def target_for(self, model: Any) -> ModelRef:
         if model is not None and not isinstance(model, str):
             raise InputError("model must be a string")
         refs = self.local_ids()
+        if isinstance(model, str) and model not in refs and self._scan_age() > MISS_RESCAN_S:
+            refs = self.local_ids(fresh=True)  # a model added a moment ago
         if isinstance(model, str) and model in refs:
             ref = refs[model]
             return resolve(ref.id) if ref.is_demo else ref

@@ -170,6 +170,10 @@ class UpstreamResponse:
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
 
+    def abort(self) -> None:
+        """Drop the connection now: a pending read ends, and the worker sees the hang-up."""
+        self._writer.transport.abort()
+
     async def aclose(self) -> None:
         self._writer.close()
         try:

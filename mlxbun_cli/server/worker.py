@@ -52,6 +52,8 @@ def worker_args(
         ref.source,
         "--options",
         json.dumps(worker_options),
+        "--parent-pid",
+        str(os.getpid()),
     ]
 
 
@@ -77,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--source", default="path")
     parser.add_argument("--options", required=True)
+    parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
 
     from mlxbun_cli.server.run import engine_server
 
-    _exit_with_parent(os.getppid())
+    _exit_with_parent(args.parent_pid or os.getppid())
     options = ServeOptions(**json.loads(args.options))
     state = ServerState(options, ModelRef(args.model_id, Path(args.model_path), args.source))
     state.start_loading()
