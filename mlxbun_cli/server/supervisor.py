@@ -23,6 +23,7 @@ log = logging.getLogger("mlxbun.supervisor")
 
 BACKOFF_START = 0.1  # then 0.2, 0.4, … up to BACKOFF_MAX while it keeps crashing
 BACKOFF_MAX = 10.0
+WATCH_INTERVAL_S = 0.025  # how soon a dead worker is noticed (a poll() per worker)
 
 
 class EngineUnavailable(Exception):
@@ -211,7 +212,7 @@ class Supervisor:
                     delay,
                 )
                 asyncio.get_running_loop().create_task(self._respawn_later(worker, delay))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def _respawn_later(self, worker: Worker, delay: float) -> None:
         await asyncio.sleep(delay)
