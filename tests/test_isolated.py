@@ -173,26 +173,50 @@ def test_budget_for_one_model_alternates_and_never_evicts_a_leased_one(two_model
         assert srv.stop() == 0, srv.output()
 
 
-def test_workers_exit_when_the_parent_is_killed(tiny_model_dir, tmp_path):
-    # Workers run in their own session: a SIGKILLed parent must not leave them
-    # holding their model's memory.
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie (exited, not yet reaped by init) counts as gone
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[1].split()[0] == "Z"
+    except OSError:  # no /proc here
+        return False
+
+
+def test_standby_takes_over_a_crash_and_all_exit_when_the_parent_is_killed(
+    tiny_model_dir, tmp_path
+):
     srv = start_server(tiny_model_dir, tmp_path / "home")
-    worker = engine(srv)["workers"][0]["pid"]
+    spare = wait_for(lambda: engine(srv)["standby_pid"])
+    crashed = engine(srv)["workers"][0]["pid"]
+    os.kill(crashed, signal.SIGKILL)
+    # The spare (everything already imported) becomes the model's worker.
+    worker = wait_for(
+        lambda: (w := engine(srv)["workers"][0])["state"] == "ready" and w["pid"] != crashed and w
+    )
+    assert worker["pid"] == spare
+    assert httpx.post(srv.url + "/v1/chat/completions", json=BODY, timeout=60).status_code == 200
+    new_spare = wait_for(lambda: engine(srv)["standby_pid"])
+    assert new_spare not in (spare, crashed)
+    # Workers run in their own session: a SIGKILLed parent must not leave them
+    # (or the spare) holding memory.
     srv.proc.kill()
     srv.proc.wait(10)
+    wait_for(lambda: gone(worker["pid"]) and gone(new_spare), timeout=15)
 
-    def gone() -> bool:
-        try:
-            os.kill(worker, 0)
-        except ProcessLookupError:
-            return True
-        try:  # a zombie (exited, not yet reaped by init) counts as gone
-            with open(f"/proc/{worker}/stat") as fh:
-                return fh.read().split(")")[1].split()[0] == "Z"
-        except OSError:  # no /proc here
-            return False
 
-    wait_for(gone, timeout=15)
+def test_no_standby(tiny_model_dir, tmp_path):
+    srv = start_server(tiny_model_dir, tmp_path / "home", "--no-standby")
+    try:
+        assert (
+            httpx.post(srv.url + "/v1/chat/completions", json=BODY, timeout=60).status_code == 200
+        )
+        time.sleep(1.0)
+        assert engine(srv)["standby_pid"] is None
+    finally:
+        assert srv.stop() == 0
 
 
 def test_memory_admission_refuses_and_clamps(tiny_model_dir, tmp_path):

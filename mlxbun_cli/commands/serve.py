@@ -68,6 +68,14 @@ def serve(
             help="Load the model in this process instead of isolated worker processes.",
         ),
     ] = False,
+    standby: Annotated[
+        bool,
+        typer.Option(
+            "--standby/--no-standby",
+            help="Keep a spare, pre-imported worker process (~100 MB) so a crashed worker "
+            "or a newly requested model is up in a fraction of a second.",
+        ),
+    ] = True,
     memory_budget: Annotated[
         Optional[str],
         typer.Option(
@@ -139,6 +147,7 @@ def serve(
         constrained_decoding=settings.constrained_decoding,
         compiled_decode=settings.compiled_decode,
         isolated=not in_process,
+        standby=standby,
         memory_budget=parse_size(memory_budget, "--memory-budget") if memory_budget else None,
         memory_ceiling=parse_size(memory_budget, "--memory-budget")
         if memory_budget and in_process

@@ -145,7 +145,9 @@ def build_router(
             entry = worker.describe()
             entry["memory"] = (stat or {}).get("memory")
             out.append(entry)
-        return {"mode": "isolated", "workers": out}
+        spare = router.supervisor.standby
+        standby = spare.pid if spare is not None and spare.poll() is None else None
+        return {"mode": "isolated", "workers": out, "standby_pid": standby}
 
     @api.get("/stats", summary="Parent counters, residency, and each worker's engine stats")
     async def stats() -> dict[str, Any]:

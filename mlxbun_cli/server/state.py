@@ -26,6 +26,7 @@ class ServeOptions:
     cache_bytes: int = 1 << 30
     cache_entries: int = 16
     compiled_decode: bool = True
+    standby: bool = True  # isolated mode: keep a spare, pre-imported worker process
     shutdown_grace: float = 5.0
     constrained_decoding: bool = True
     isolated: bool = False  # each model in its own worker process

@@ -7,6 +7,7 @@ a growing delay; one that cannot load its model is marked failed, not looped.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -99,6 +100,9 @@ class Supervisor:
         self._spawned = 0
         # ref id -> (socket path, process, adapter, memory ceiling) started early
         self._prestarted: dict[str, tuple[str, subprocess.Popen, str | None, int | None]] = {}
+        # A spare worker with everything imported, waiting on stdin for its
+        # model: a respawn or a newly loaded model then skips ~1.5 s of start-up.
+        self.standby: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -111,10 +115,27 @@ class Supervisor:
     ) -> subprocess.Popen:
         from mlxbun_cli.server.worker import worker_args
 
-        return subprocess.Popen(
-            worker_args(self.options, ref, socket_path, adapter, memory_ceiling),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+        args = worker_args(self.options, ref, socket_path, adapter, memory_ceiling)
+        spare, self.standby = self.standby, None
+        if spare is not None and spare.poll() is None:
+            try:
+                spare.stdin.write((json.dumps(args[3:]) + "\n").encode())
+                spare.stdin.close()
+                return spare
+            except OSError:  # it died meanwhile: start one the usual way
+                spare.kill()
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def ensure_standby(self) -> None:
+        """Start a spare worker if the options want one and none is waiting."""
+        if not self.options.standby or self._stopping:
+            return
+        if self.standby is not None and self.standby.poll() is None:
+            return
+        from mlxbun_cli.server.worker import standby_args
+
+        self.standby = subprocess.Popen(
+            standby_args(), stdin=subprocess.PIPE, start_new_session=True
         )
 
     def prestart(self, ref: ModelRef, adapter: str | None, memory_ceiling: int | None) -> None:
@@ -179,6 +200,8 @@ class Supervisor:
                     worker.last_error = None
                     worker.ready_event.set()
                     log.info("worker for %s ready (pid %s)", worker.ref.id, proc.pid)
+                    # Only now: a spare importing alongside would slow this start.
+                    self.ensure_standby()
                     return
                 if status == "error":
                     worker.last_error = response.json().get("error")
@@ -272,6 +295,7 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         self._stopping = True
+        self._drop_standby()
         for worker in list(self.workers.values()):
             await self.stop_worker(worker)
         if self._monitor is not None:
@@ -281,8 +305,15 @@ class Supervisor:
         except OSError:
             pass
 
+    def _drop_standby(self) -> None:
+        spare, self.standby = self.standby, None
+        if spare is not None and spare.poll() is None:
+            spare.kill()
+            spare.wait()
+
     def kill_all_now(self) -> None:
         """Last resort at exit: no worker outlives the parent."""
+        self._drop_standby()
         for _path, proc, _adapter, _ceiling in self._prestarted.values():
             if proc.poll() is None:
                 proc.kill()

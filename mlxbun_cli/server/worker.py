@@ -57,6 +57,18 @@ def worker_args(
     ]
 
 
+def standby_args() -> list[str]:
+    """A spare worker: imports everything, then reads its worker arguments from stdin."""
+    return [
+        sys.executable,
+        "-m",
+        "mlxbun_cli.server.worker",
+        "--standby",
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+
+
 def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
     """Drain and exit once the parent is gone (even killed with SIGKILL).
 
@@ -74,17 +86,30 @@ def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlxbun-worker")
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--model-id", required=True)
-    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--socket")
+    parser.add_argument("--model-id")
+    parser.add_argument("--model-path")
     parser.add_argument("--source", default="path")
-    parser.add_argument("--options", required=True)
+    parser.add_argument("--options")
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--standby", action="store_true")
     args = parser.parse_args(argv)
+    _exit_with_parent(args.parent_pid or os.getppid())
+    if args.standby:
+        # The slow part of a worker's start, done before it is needed.
+        import mlx_lm  # noqa: F401
+
+        import mlxbun_cli.server.app  # noqa: F401
+
+        line = sys.stdin.readline()
+        if not line:  # the parent let it go unused
+            return 0
+        args = parser.parse_args(json.loads(line))
+    if not (args.socket and args.model_id and args.model_path and args.options):
+        parser.error("--socket, --model-id, --model-path and --options are required")
 
     from mlxbun_cli.server.run import engine_server
 
-    _exit_with_parent(args.parent_pid or os.getppid())
     options = ServeOptions(**json.loads(args.options))
     state = ServerState(options, ModelRef(args.model_id, Path(args.model_path), args.source))
     state.start_loading()

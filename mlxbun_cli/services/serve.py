@@ -24,6 +24,8 @@ def detached_args(options: ServeOptions) -> list[str]:
     ]
     if not options.isolated:
         args.append("--in-process")
+    if not options.standby:
+        args.append("--no-standby")
     if options.memory_budget:
         args += ["--memory-budget", str(options.memory_budget)]
     args += ["--max-models", str(options.max_models)]
