@@ -107,3 +107,20 @@ def test_isolated_parent_health_is_200_while_its_worker_loads(tmp_path):
             status,
             ready,
         ), state
+
+
+def test_isolated_parent_documents_the_proxied_routes(tmp_path):
+    # The proxied paths are served by plain routes (the hot path) placed ahead
+    # of FastAPI's, which must still describe them in the OpenAPI document.
+    from mlxbun_cli.server.parent import PROXIED, create_parent_app
+
+    app, _ = create_parent_app(ServeOptions(), ModelRef("m", tmp_path, "path"))
+    paths = call(app, "GET", "/openapi.json").json()["paths"]
+    for path in PROXIED:
+        assert "requestBody" in paths[path]["post"], path
+    first: dict[str, str] = {}  # the first route matching a path is the one that serves it
+    for route in app.router.routes:
+        path = getattr(route, "path", None)
+        if path in PROXIED and path not in first:
+            first[path] = type(route).__name__
+    assert first == dict.fromkeys(PROXIED, "Route")

@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
@@ -103,6 +104,7 @@ def build_router(
             openapi_extra=extra,
             summary=f"Proxied to the model's worker: {route}",
         )
+    api.proxy_endpoint = proxy  # type: ignore[attr-defined]  # see create_parent_app
 
     @api.get("/health", summary="Aggregate health of the parent and its workers")
     async def health() -> JSONResponse:
@@ -264,7 +266,12 @@ def create_parent_app(
     store = ResponseStore(
         options.response_store_entries, options.response_store_bytes, options.response_store_ttl_s
     )
-    app.include_router(build_router(router, counters, started_at, store))
+    api = build_router(router, counters, started_at, store)
+    app.include_router(api)
+    # The hot path skips FastAPI's per-request handling (dependency solving and
+    # its included-router dispatch): plain Starlette routes for the proxied
+    # paths, ahead of the FastAPI ones, which stay for the OpenAPI document.
+    app.router.routes[:0] = [Route(path, api.proxy_endpoint, methods=["POST"]) for path in PROXIED]
     app.include_router(routes_jobs.router)
     app.include_router(routes_publishing.router)
     install_common(app, options)
