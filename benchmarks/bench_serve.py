@@ -124,12 +124,12 @@ CONC_STREAMS = 8
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
-
 def _backoff(restarts_before: int) -> float:
     """The supervisor's delay before this respawn (its own constants, so they stay in step)."""
     from mlxbun_cli.server.supervisor import BACKOFF_MAX, BACKOFF_START
 
     return min(BACKOFF_MAX, BACKOFF_START * 2 ** min(restarts_before, 6))
+
 
 def _proc_cpu(pid: int) -> int | None:
     try:
@@ -470,6 +470,26 @@ class Server:
             time.sleep(0.01)
         self.stop()
         raise RuntimeError(f"{self.label} not healthy after {timeout}s: {tail(self.output())}")
+
+    def settle(self, timeout: float = 20) -> Server:
+        """Steady state before measuring: the model ready and, for isolated mlxbun, its
+        spare worker started (its imports would otherwise share the cores with the
+        first rounds)."""
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            status, body = get_json(self.url, "/health", timeout=2)
+            ready = status == 200 and (not isinstance(body, dict) or body.get("ready", True))
+            if ready and self.kind == "mlxbun":
+                _, engine = get_json(self.url, "/engine", timeout=2)
+                ready = isinstance(engine, dict) and "standby_pid" in engine
+                if ready and engine["standby_pid"] is not None:
+                    time.sleep(2.0)  # the spare's imports
+                elif ready:
+                    ready = False
+            if ready:
+                return self
+            time.sleep(0.05)
+        return self
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -878,6 +898,8 @@ def section_tiny(
     try:
         for kind in ("mlxbun", "mlxbun-inproc", "mlx_lm"):
             servers[kind] = Server(kind, model, root, env).start()
+        for server in servers.values():
+            server.settle()
         if not skip_local:
             servers["local"] = LocalEngine(model, env)
             out["local_load_s"] = rnd(servers["local"].info["load_s"], 3)
@@ -1164,6 +1186,7 @@ def section_constrained(
     server = Server("mlxbun", model, root, env).start()
     try:
         out["health_s"] = rnd(server.health_s, 3)
+        server.settle()
         pids = server.pids()
         log("constrained: warm-up (one request per variant; builds llguidance's tokenizer)")
         warm = {}
