@@ -113,18 +113,18 @@ class Supervisor:
     def _popen(
         self, ref: ModelRef, socket_path: str, adapter: str | None, memory_ceiling: int | None
     ) -> subprocess.Popen:
-        from mlxbun_cli.server.worker import worker_args
+        from mlxbun_cli.server.worker import COMMAND, worker_args
 
         args = worker_args(self.options, ref, socket_path, adapter, memory_ceiling)
         spare, self.standby = self.standby, None
         if spare is not None and spare.poll() is None:
             try:
-                spare.stdin.write((json.dumps(args[3:]) + "\n").encode())
+                spare.stdin.write((json.dumps(args) + "\n").encode())
                 spare.stdin.close()
                 return spare
             except OSError:  # it died meanwhile: start one the usual way
                 spare.kill()
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen([*COMMAND, *args], stdin=subprocess.DEVNULL, start_new_session=True)
 
     def ensure_standby(self) -> None:
         """Start a spare worker if the options want one and none is waiting."""

@@ -21,6 +21,8 @@ from pathlib import Path
 from mlxbun_cli.catalog import ModelRef
 from mlxbun_cli.server.state import ServeOptions, ServerState
 
+COMMAND = [sys.executable, "-m", "mlxbun_cli.server.worker"]
+
 
 def worker_args(
     options: ServeOptions,
@@ -29,6 +31,7 @@ def worker_args(
     adapter: str | None,
     memory_ceiling: int | None = None,
 ) -> list[str]:
+    """The worker's flags (after COMMAND: a standby reads them from stdin)."""
     worker_options = {
         **asdict(options),
         "isolated": False,
@@ -39,9 +42,6 @@ def worker_args(
         "memory_ceiling": memory_ceiling,
     }
     return [
-        sys.executable,
-        "-m",
-        "mlxbun_cli.server.worker",
         "--socket",
         socket_path,
         "--model-id",
@@ -60,9 +60,7 @@ def worker_args(
 def standby_args() -> list[str]:
     """A spare worker: imports everything, then reads its worker arguments from stdin."""
     return [
-        sys.executable,
-        "-m",
-        "mlxbun_cli.server.worker",
+        *COMMAND,
         "--standby",
         "--parent-pid",
         str(os.getpid()),
