@@ -257,4 +257,4 @@ def test_shutdown_interrupts_the_running_job(tiny_model_dir, tmp_path, no_eos_bi
     from mlxbun_cli.jobs.store import JobStore
 
     stored = JobStore(home / "data" / "jobs.db").require(job_id)
-    assert stored.state == "interrupted"
+    assert stored.state == "interrupted", (stored.error, srv.output()[-3000:])

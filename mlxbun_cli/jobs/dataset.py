@@ -425,6 +425,10 @@ class _Pool:
             try:
                 self._one(row)
             except BackendUnavailableError as exc:
+                if self.ctx.stop.is_set():
+                    # The server shutting down under a stopping job (a row sent
+                    # as the workers drain): the row is left for `resume`.
+                    return
                 self._fail(exc)
             except LineError as exc:
                 self._record_failure(exc)
