@@ -66,3 +66,67 @@ def test_rewriter_passes_deltas_untouched_and_patches_the_response_object():
     assert out.endswith(b"\n\n")
     assert json.loads(out.split(b"data: ")[1])["response"]["store"] is True
     assert stored == [{"id": "r1", "status": "completed"}]
+
+
+class _Upstream:
+    """A worker response: wire chunks, then optionally a failure."""
+
+    status_code = 200
+
+    def __init__(self, chunks, fail=False):
+        self._chunks, self._fail = chunks, fail
+        self.closed = False
+
+    async def raw_chunks(self):
+        from mlxbun_cli.server.uds_http import UpstreamError
+
+        for chunk in self._chunks:
+            yield chunk
+        if self._fail:
+            raise UpstreamError("the worker closed the connection mid-response")
+
+    def abort(self):
+        self.closed = True
+
+    async def aclose(self):
+        self.closed = True
+
+
+class _Lease:
+    released = 0
+
+    class worker:  # noqa: N801  (the shape RelayResponse reads)
+        class ref:  # noqa: N801
+            id = "m"
+
+        state = "restarting"
+
+    def release(self):
+        self.released += 1
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_relay_without_uvicorn_frames_payloads_through_asgi(fail):
+    # Off uvicorn (here httpx's ASGI transport) the chunks' payloads go out
+    # through ASGI; a worker that fails mid-stream still ends with an error frame.
+    import asyncio
+
+    import httpx
+
+    from mlxbun_cli.server.proxy import RelayResponse
+
+    upstream, lease = _Upstream([frame_chunk(e) for e in EVENTS[:2]], fail), _Lease()
+
+    async def app(scope, receive, send):
+        await RelayResponse(upstream, lease, "/v1/chat/completions", {})(scope, receive, send)
+
+    async def go():
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t"
+        ) as c:
+            return await c.post("/v1/chat/completions")
+
+    body = asyncio.run(go()).content
+    assert body.startswith(EVENTS[0] + EVENTS[1])
+    assert (b"engine_unavailable" in body) is fail
+    assert upstream.closed and lease.released == 1

@@ -67,6 +67,16 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _templated(tokenizer: Any) -> Any:
+    """The HF tokenizer under mlx-lm's wrapper, if it has a chat template; else None.
+
+    Not the wrapper itself: it forces an enable_thinking value, and "no value"
+    must mean the template's own default.
+    """
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    return hf if getattr(hf, "chat_template", None) else None
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -77,15 +87,13 @@ def render_chat(
     think_start: str | None = "<think>",
     think_end: str | None = "</think>",
 ) -> RenderedPrompt:
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    if not getattr(hf, "chat_template", None):
+    hf = _templated(tokenizer)
+    if hf is None:
         raise InputError("this model has no chat template", hint="use a raw prompt (--raw)")
     kwargs = {k: v for k, v in (extra_kwargs or {}).items() if k != "enable_thinking"}
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
     try:
-        # The wrapped HF tokenizer, not mlx-lm's wrapper: the wrapper forces an
-        # enable_thinking value, and "no value" must mean the template's default.
         text = hf.apply_chat_template(
             normalize_messages(messages),
             tools=tools or None,
@@ -108,8 +116,8 @@ def warm_up(tokenizer: Any) -> None:
     transformers caches the compiled template, but many threads rendering at
     once (a batch starting) would each compile it before the cache fills.
     """
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    if not getattr(hf, "chat_template", None):
+    hf = _templated(tokenizer)
+    if hf is None:
         return
     try:
         hf.apply_chat_template(

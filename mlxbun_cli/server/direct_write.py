@@ -32,7 +32,7 @@ def capture_server_cycle(app: Any) -> Any:
     return with_cycle
 
 
-def is_uvicorn_cycle(cycle: Any) -> bool:
+def _is_uvicorn_cycle(cycle: Any) -> bool:
     return all(
         hasattr(cycle, name)
         for name in ("transport", "chunked_encoding", "response_started", "disconnected")
@@ -42,7 +42,7 @@ def is_uvicorn_cycle(cycle: Any) -> bool:
 def chunked_transport(scope: dict) -> Any:
     """The client transport, once this response is uvicorn's and chunk-framed; else None."""
     cycle = scope.get(SERVER_CYCLE)
-    if not is_uvicorn_cycle(cycle):
+    if not _is_uvicorn_cycle(cycle):
         return None
     return cycle.transport if cycle.chunked_encoding is True else None
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -56,7 +57,8 @@ def _peek(body: bytes) -> dict[str, Any]:
 
 def build_router(
     router: ModelRouter, counters: ParentCounters, started_at: float, store: ResponseStore
-) -> APIRouter:
+) -> tuple[APIRouter, Callable[[Request], Awaitable[Response]]]:
+    """The parent's routes, and the proxying endpoint (also mounted as a plain route)."""
     api = APIRouter()
 
     async def lease_for(request: Request, fields: dict[str, Any]) -> Any:
@@ -104,7 +106,6 @@ def build_router(
             openapi_extra=extra,
             summary=f"Proxied to the model's worker: {route}",
         )
-    api.proxy_endpoint = proxy  # type: ignore[attr-defined]  # see create_parent_app
 
     @api.get("/health", summary="Aggregate health of the parent and its workers")
     async def health() -> JSONResponse:
@@ -235,7 +236,7 @@ def build_router(
     async def ps() -> dict[str, Any]:
         return router.report()
 
-    return api
+    return api, proxy
 
 
 def create_parent_app(
@@ -266,12 +267,12 @@ def create_parent_app(
     store = ResponseStore(
         options.response_store_entries, options.response_store_bytes, options.response_store_ttl_s
     )
-    api = build_router(router, counters, started_at, store)
+    api, proxy = build_router(router, counters, started_at, store)
     app.include_router(api)
     # The hot path skips FastAPI's per-request handling (dependency solving and
     # its included-router dispatch): plain Starlette routes for the proxied
     # paths, ahead of the FastAPI ones, which stay for the OpenAPI document.
-    app.router.routes[:0] = [Route(path, api.proxy_endpoint, methods=["POST"]) for path in PROXIED]
+    app.router.routes[:0] = [Route(path, proxy, methods=["POST"]) for path in PROXIED]
     app.include_router(routes_jobs.router)
     app.include_router(routes_publishing.router)
     install_common(app, options)

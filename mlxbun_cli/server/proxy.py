@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mlxbun_cli.server import uds_http
-from mlxbun_cli.server.direct_write import SERVER_CYCLE, is_uvicorn_cycle, wait_writable
+from mlxbun_cli.server.direct_write import chunked_transport, wait_writable
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
 
@@ -176,13 +176,10 @@ class RelayResponse(Response):
                 yield chunks
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        cycle = scope.get(SERVER_CYCLE)
-        if not is_uvicorn_cycle(cycle):
-            fallback = StreamingResponse(
-                self._payloads(), status_code=self.status_code, headers=dict(self.headers)
-            )
-            await fallback(scope, receive, send)
-            return
+        # A client that hangs up closes the upstream at once (the worker then
+        # cancels), even while no chunk is coming: queued, prefilling.
+        client_left = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_disconnect(receive, client_left))
         try:
             await send(
                 {
@@ -191,19 +188,15 @@ class RelayResponse(Response):
                     "headers": self.raw_headers,
                 }
             )
-            if cycle.chunked_encoding is not True:  # e.g. a HEAD request: let ASGI frame it
-                async for payload in self._payloads():
-                    await send({"type": "http.response.body", "body": payload, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                return
-            transport = cycle.transport
+            # None when not served by uvicorn or not chunked: ASGI frames the payloads.
+            transport = chunked_transport(scope)
             tail = b""
-            # A client that hangs up closes the upstream at once (the worker
-            # then cancels), even while no chunk is coming: queued, prefilling.
-            client_left = asyncio.Event()
-            watcher = asyncio.create_task(self._watch_disconnect(receive, client_left))
             try:
                 async for chunks in self._wire_chunks():
+                    if transport is None:
+                        body = uds_http.chunk_payloads(chunks)
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                        continue
                     if transport.is_closing():
                         return
                     transport.write(chunks)
@@ -214,10 +207,9 @@ class RelayResponse(Response):
                 if client_left.is_set():
                     return
                 tail = _worker_failed(self.lease, self.path, exc)
-            finally:
-                watcher.cancel()
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
+            watcher.cancel()
             await close_upstream(self.upstream, self.lease)
 
     async def _watch_disconnect(self, receive: Any, client_left: asyncio.Event) -> None:
@@ -225,18 +217,6 @@ class RelayResponse(Response):
             pass
         client_left.set()
         self.upstream.abort()
-
-    async def _payloads(self) -> AsyncIterator[bytes]:
-        """The same stream as plain body bytes, for when ASGI does the framing."""
-        try:
-            async for chunks in self._wire_chunks():
-                yield uds_http.chunk_payloads(chunks)
-            if self.rewriter is not None:
-                yield self.rewriter.finish()
-        except uds_http.UpstreamError as exc:
-            yield _worker_failed(self.lease, self.path, exc)
-        finally:
-            await close_upstream(self.upstream, self.lease)
 
 
 async def close_upstream(upstream: Any, lease: Lease) -> None:

@@ -36,6 +36,11 @@ class Headers:
         return list(self._pairs)
 
 
+def _chunk_size(line: bytes) -> int:
+    """The size in a chunk's size line (hex, extensions ignored); ValueError if bad."""
+    return int(line.split(b";", 1)[0], 16)
+
+
 class ChunkDecoder:
     """Finds whole chunks in a chunked body as bytes arrive."""
 
@@ -53,7 +58,7 @@ class ChunkDecoder:
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            size = _chunk_size(buf[pos:eol])
             if size == 0:  # the last chunk; trailers, if any, are not relayed
                 self.done = True
                 self._pending = b""
@@ -73,7 +78,7 @@ def chunk_payloads(wire: bytes) -> bytes:
     parts, pos = [], 0
     while pos < len(wire):
         eol = wire.index(b"\r\n", pos)
-        size = int(wire[pos:eol].split(b";", 1)[0], 16)
+        size = _chunk_size(wire[pos:eol])
         parts.append(wire[eol + 2 : eol + 2 + size])
         pos = eol + 2 + size + 2
     return b"".join(parts)
