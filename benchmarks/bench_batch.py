@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,12 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _bench(opts: argparse.Namespace, root: Path) -> int:
@@ -188,14 +183,14 @@ def _bench(opts: argparse.Namespace, root: Path) -> int:
         startups.append(run(startup_cmd)[0])  # mlxbun's start-up + load + one token
         for name, side in sides.items():
             runs[name].append(side())
-    startup = _median(startups)
+    startup = statistics.median(startups)
     results = {}
     for name, rs in runs.items():
-        wall = _median([r["wall_s"] for r in rs])
+        wall = statistics.median([r["wall_s"] for r in rs])
         gen = (
             max(1e-3, wall - startup)
             if name == "mlxbun_batch"
-            else _median([r["generation_s"] for r in rs])
+            else statistics.median([r["generation_s"] for r in rs])
         )
         results[name] = {
             "wall_s": wall,

@@ -99,6 +99,44 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def printer(width: int) -> tuple[Any, Any]:
+    """`table(title, columns, rows)` and `say(text)`: rich when installed, plain text else.
+
+    Off a terminal (a pipe, a file) the output is `width` columns wide, so rows do not wrap.
+    """
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        console = None
+    else:
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else width)
+
+    def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+        if console is not None:
+            t = Table(title=title, title_justify="left")
+            for i, c in enumerate(columns):
+                t.add_column(c, justify="left" if i < 2 else "right")
+            for r in rows:
+                t.add_row(*r)
+            console.print(t)
+        else:
+            widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+            print(title)
+            print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+            for r in rows:
+                print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+            print()
+
+    def say(text: str = "") -> None:
+        if console is not None:
+            console.print(text, markup=False)
+        else:
+            print(text)
+
+    return table, say
+
+
 def median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -857,37 +895,7 @@ def fmt(x: Any, nd: int = 1) -> str:
 
 
 def render(report: dict[str, Any]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        # Not a terminal (a pipe, a file): wide enough that rows do not wrap.
-        console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    except ImportError:  # plain text fallback
-        Console = Table = None  # noqa: N806
-        console = None
-
-    def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-        if console is not None:
-            t = Table(title=title, title_justify="left")
-            for i, c in enumerate(columns):
-                t.add_column(c, justify="left" if i < 2 else "right")
-            for r in rows:
-                t.add_row(*r)
-            console.print(t)
-        else:
-            widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-            print(title)
-            print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-            for r in rows:
-                print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-            print()
-
-    def say(text: str = "") -> None:
-        if console is not None:
-            console.print(text, markup=False)
-        else:
-            print(text)
+    table, say = printer(160)
 
     m, v = report["machine"], report["versions"]
     say(

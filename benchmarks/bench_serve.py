@@ -76,6 +76,7 @@ from bench_generate import (  # noqa: E402  (benchmarks/ is not a package)
     log,
     machine,
     median,
+    printer,
     quartiles,
     rnd,
     tail,
@@ -345,27 +346,25 @@ def stream_request(
 
 
 def get_json(url: str, path: str, timeout: float = 5) -> tuple[int, Any]:
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        raw = resp.read()
-        try:
-            return resp.status, json.loads(raw)
-        except ValueError:
-            return resp.status, raw
-    finally:
-        conn.close()
+    return request_json(url, "GET", path, None, timeout)
 
 
 def post_json(url: str, path: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, Any]:
+    return request_json(url, "POST", path, body, timeout)
+
+
+def request_json(
+    url: str, method: str, path: str, body: dict[str, Any] | None, timeout: float
+) -> tuple[int, Any]:
+    """Status and JSON reply (or the raw bytes, when the reply is not JSON)."""
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
-        conn.request(
-            "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"}
-        )
+        if body is None:
+            conn.request(method, path)
+        else:
+            headers = {"Content-Type": "application/json"}
+            conn.request(method, path, body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
         try:
@@ -1365,36 +1364,7 @@ def fmt(x: Any, nd: int = 1) -> str:
 
 
 def render(report: dict[str, Any]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        console = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
-    except ImportError:
-        Console = Table = None  # noqa: N806
-        console = None
-
-    def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-        if console is not None:
-            t = Table(title=title, title_justify="left")
-            for i, c in enumerate(columns):
-                t.add_column(c, justify="left" if i < 2 else "right")
-            for r in rows:
-                t.add_row(*r)
-            console.print(t)
-        else:
-            widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-            print(title)
-            print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-            for r in rows:
-                print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-            print()
-
-    def say(text: str = "") -> None:
-        if console is not None:
-            console.print(text, markup=False)
-        else:
-            print(text)
+    table, say = printer(180)
 
     m, v = report["machine"], report["versions"]
     say(

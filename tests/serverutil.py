@@ -72,3 +72,14 @@ def worker_stats(server: Server) -> dict:
         return stats
     current = stats["residency"]["current"]
     return stats["workers"][current] or {}
+
+
+def wait_for(check, timeout: float = 30.0, every: float = 0.05):
+    """Poll `check` until it returns something truthy (returned); fail after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not reached within {timeout}s")

@@ -12,23 +12,13 @@ import time
 
 import httpx
 import pytest
-from serverutil import REPO, start_server
+from serverutil import REPO, start_server, wait_for
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def engine(server) -> dict:
     return httpx.get(server.url + "/engine", timeout=10).json()
-
-
-def wait_for(predicate, timeout=30.0, step=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not reached in time")
 
 
 def test_parent_never_imports_mlx():

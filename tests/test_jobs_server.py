@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import run_cli
-from serverutil import start_server
+from serverutil import start_server, wait_for
 
 from mlxbun_cli.jobs.client import parse_sse
 
@@ -34,16 +34,6 @@ def chat_rows(n: int, max_tokens: int, bias: dict) -> list[dict]:
         }
         for i in range(n)
     ]
-
-
-def wait_for(check, timeout: float = 120, every: float = 0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def job(url: str, job_id: str) -> dict:
@@ -125,7 +115,7 @@ def test_sse_replays_then_streams_live(jobs_server, tmp_path, no_eos_bias):
     assert created["params"]["defaults"] == {} and created["params"]["concurrency"] == 2
     job_id = created["id"]
     # Attach once the job is under way: past events come first, then live ones.
-    wait_for(lambda: job(url, job_id)["progress"].get("done", 0) >= 2)
+    wait_for(lambda: job(url, job_id)["progress"].get("done", 0) >= 2, timeout=120)
     attached = time.time()
     with httpx.stream("GET", f"{url}/api/jobs/{job_id}/stream", timeout=60) as response:
         assert response.status_code == 200
@@ -209,7 +199,7 @@ def test_restart_marks_a_killed_daemons_job_interrupted(tiny_model_dir, tmp_path
             f"{srv.url}/api/jobs", json={"kind": "dataset", "params": params}, timeout=10
         )
         job_id = r.json()["job"]["id"]
-        wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 4)
+        wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 4, timeout=120)
         os.kill(srv.proc.pid, signal.SIGKILL)
         srv.proc.wait()
     finally:
@@ -248,7 +238,7 @@ def test_shutdown_interrupts_the_running_job(tiny_model_dir, tmp_path, no_eos_bi
 
     listener = threading.Thread(target=listen)
     listener.start()
-    wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 4)
+    wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 4, timeout=120)
     started = time.time()
     assert srv.stop() == 0, srv.output()
     assert time.time() - started < 15
