@@ -73,6 +73,7 @@ from bench_generate import (  # noqa: E402  (benchmarks/ is not a package)
     bench_env,
     bootstrap_median_ci,
     ensure_models,
+    fmt,
     log,
     machine,
     median,
@@ -1353,14 +1354,6 @@ def build_checks(report: dict[str, Any], n_tiny: int, n_con: int) -> list[dict[s
 
 def log_round(r: int, values: dict[str, str]) -> None:
     log(f"  round {r}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
-
-
-def fmt(x: Any, nd: int = 1) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 def render(report: dict[str, Any]) -> None:
