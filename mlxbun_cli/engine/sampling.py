@@ -15,6 +15,7 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
+from mlxbun_cli.engine.batch_bias import LogitBias
 from mlxbun_cli.engine.types import PenaltyOptions, SamplingOptions
 
 
@@ -53,8 +54,8 @@ def make_request_sampler(options: SamplingOptions, special_tokens: list[int]) ->
 def make_request_processors(penalties: PenaltyOptions) -> list[Any]:
     if not penalties.active:
         return []
-    return make_logits_processors(
-        logit_bias=penalties.logit_bias or None,
+    bias = [LogitBias(penalties.logit_bias)] if penalties.logit_bias else []
+    return bias + make_logits_processors(
         repetition_penalty=penalties.repetition_penalty,
         repetition_context_size=penalties.repetition_context_size,
         presence_penalty=penalties.presence_penalty,

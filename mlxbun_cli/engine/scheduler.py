@@ -206,6 +206,8 @@ class Scheduler:
         from mlx_lm.generate import BatchGenerator, StopSequences
         from mlx_lm.models.cache import LRUPromptCache
 
+        from mlxbun_cli.engine import batch_bias
+
         self._mx = mx
         self._stop_sequences_cls = StopSequences
         self.prompt_cache = LRUPromptCache(self._cache_entries, self._cache_bytes)
@@ -223,6 +225,7 @@ class Scheduler:
         generator = BatchGenerator(
             model, stop_tokens=[[t] for t in eos], stream=stream, **self._batch_args
         )
+        batch_bias.install(generator)
         self._ready.set()
         try:
             while not self._stop.is_set():
