@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -105,19 +106,31 @@ class ModelRouter:
         self._reaper: asyncio.Task | None = None
         self.evictions = 0
         self._local_ids: tuple[float, dict[str, ModelRef]] | None = None
+        self._rescanning = False
+        self._misses: set[str] = set()  # names not local at the last scan
 
     # -- which model ----------------------------------------------------------------
 
     def local_ids(self, fresh: bool = False) -> dict[str, ModelRef]:
         # Scanning the registry, data dir and HF cache costs milliseconds, so
-        # the result is reused briefly: a model added on disk shows up within
-        # LOCAL_IDS_TTL_S, and no request pays for a scan.
-        now = time.monotonic()
-        if fresh or self._local_ids is None or now - self._local_ids[0] > LOCAL_IDS_TTL_S:
+        # the result is reused: once it is LOCAL_IDS_TTL_S old a thread scans
+        # again while requests go on with the last scan, so a model added on
+        # disk shows up within about that time and no request waits for a scan.
+        if fresh or self._local_ids is None:
+            self._scan()
+        elif time.monotonic() - self._local_ids[0] > LOCAL_IDS_TTL_S and not self._rescanning:
+            self._rescanning = True
+            threading.Thread(target=self._scan, name="mlxbun-model-scan", daemon=True).start()
+        return self._local_ids[1]
+
+    def _scan(self) -> None:
+        try:
             refs = {ref.id: ref for ref in known_models()}
             refs[self.default.id] = self.default
-            self._local_ids = (now, refs)
-        return self._local_ids[1]
+            self._local_ids = (time.monotonic(), refs)
+            self._misses = set()  # names unknown to the last scan may be known now
+        finally:
+            self._rescanning = False
 
     def _scan_age(self) -> float:
         return time.monotonic() - self._local_ids[0] if self._local_ids else float("inf")
@@ -126,8 +139,15 @@ class ModelRouter:
         if model is not None and not isinstance(model, str):
             raise InputError("model must be a string")
         refs = self.local_ids()
-        if isinstance(model, str) and model not in refs and self._scan_age() > MISS_RESCAN_S:
+        if (
+            isinstance(model, str)
+            and model not in refs
+            and model not in self._misses  # an alias or another server's name: not again
+            and self._scan_age() > MISS_RESCAN_S
+        ):
             refs = self.local_ids(fresh=True)  # a model added a moment ago
+            if model not in refs:
+                self._misses.add(model)
         if isinstance(model, str) and model in refs:
             ref = refs[model]
             return resolve(ref.id) if ref.is_demo else ref

@@ -204,10 +204,12 @@ async def send(
     ]
     request_headers += [(k, v) for k, v in headers if k.lower() not in skip]
     try:
-        writer.write(conn.send(h11.Request(method=method, target=target, headers=request_headers)))
+        # One write, so the worker wakes once for the whole request.
+        wire = [conn.send(h11.Request(method=method, target=target, headers=request_headers))]
         if body:
-            writer.write(conn.send(h11.Data(data=body)))
-        writer.write(conn.send(h11.EndOfMessage()))
+            wire.append(conn.send(h11.Data(data=body)))
+        wire.append(conn.send(h11.EndOfMessage()))
+        writer.write(b"".join(wire))
         await writer.drain()
         response = UpstreamResponse(conn, reader, writer, h11.Response(status_code=200, headers=[]))
         while True:
