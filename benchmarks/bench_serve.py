@@ -428,6 +428,11 @@ class Server:
 
     def start(self, timeout: float = 120) -> Server:
         self.home.mkdir(parents=True, exist_ok=True)
+        # Own state (each server is its own daemon), one shared cache, as one user has.
+        shared_cache = self.root / "shared-cache"
+        shared_cache.mkdir(exist_ok=True)
+        if not (self.home / "cache").exists():
+            (self.home / "cache").symlink_to(shared_cache)
         env = {**self.env, "MLXBUN_HOME": str(self.home)}
         if self.kind == "mlx_lm":
             port = free_port()

@@ -130,3 +130,36 @@ def test_relay_without_uvicorn_frames_payloads_through_asgi(fail):
     assert body.startswith(EVENTS[0] + EVENTS[1])
     assert (b"engine_unavailable" in body) is fail
     assert upstream.closed and lease.released == 1
+
+
+def test_prefetched_stream_starts_at_once_and_closes_cleanly():
+    import asyncio
+
+    from mlxbun_cli.server.direct_write import _Prefetched
+
+    async def scenario() -> tuple[list, list]:
+        log: list[str] = []
+
+        async def body(n: int):
+            try:
+                log.append("started")
+                for i in range(n):
+                    await asyncio.sleep(0)
+                    yield i
+            finally:
+                log.append("closed")
+
+        stream = _Prefetched(body(3))
+        await asyncio.sleep(0.01)  # e.g. waiting for the parent's answer
+        assert log == ["started"]  # the body ran meanwhile
+        items = [i async for i in stream]
+        await stream.aclose()
+        # Closed before its first item was asked for: the body is cancelled and closed.
+        early = _Prefetched(body(3))
+        await asyncio.sleep(0)
+        await early.aclose()
+        return items, log
+
+    items, log = asyncio.run(scenario())
+    assert items == [0, 1, 2]
+    assert log == ["started", "closed", "started", "closed"]

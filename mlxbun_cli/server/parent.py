@@ -24,7 +24,7 @@ from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
 from mlxbun_cli.errors import InputError
 from mlxbun_cli.protocols import WireError, anthropic
-from mlxbun_cli.server import errors, routes_jobs, routes_publishing
+from mlxbun_cli.server import errors, handoff, routes_jobs, routes_publishing
 from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.parent_responses import build_responses_router
 from mlxbun_cli.server.proxy import forward, open_upstream
@@ -90,10 +90,12 @@ def build_router(
         counters.proxied += 1
         return await forward(request, lease, body)
 
-    async def send(request: Request, lease: Any, body: bytes) -> Any:
+    async def send(
+        request: Request, lease: Any, body: bytes, offer: Any = None, extra: Any = ()
+    ) -> Any:
         counters.requests += 1
         counters.proxied += 1
-        return await open_upstream(request, lease, body)
+        return await open_upstream(request, lease, body, offer=offer, extra_headers=extra)
 
     api.include_router(build_responses_router(store, lease_for, send))
 
@@ -163,6 +165,8 @@ def build_router(
             "proxied": counters.proxied,
             "engine_unavailable": counters.unavailable,
             "admission_refusals": counters.admission_refusals,
+            # event streams whose body the worker wrote to the client connection itself
+            "handoffs": dict(handoff.stats),
             "residency": router.report(),
             "response_store": store.stats(),
             "workers": {w.ref.id: s for w, s in zip(workers, per_worker, strict=True)},

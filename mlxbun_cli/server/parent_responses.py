@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
+from mlxbun_cli.server import handoff
 from mlxbun_cli.server.proxy import RelayResponse, close_upstream, unavailable_frame
 from mlxbun_cli.server.responses_store import ResponseStore
 
@@ -61,10 +62,26 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
                 store.put(response, conversation + items)
             return response
 
-        upstream = await send(request, lease, raw)
+        # A stream may be written by the worker straight to the client: it then shows
+        # the history fields itself and hands back only the finished response.
+        offer = None
+        shown: list[tuple[str, str]] = []
+        if parsed.stream and handoff.possible(request.scope):
+            offer = handoff.Offer(lease.worker.socket_path)
+            shown = [
+                (
+                    handoff.SHOWN_HEADER,
+                    json.dumps({"previous_response_id": previous, "store": keep}),
+                )
+            ]
+        upstream = await send(request, lease, raw, offer, shown)
         if isinstance(upstream, Response):
             return upstream
+        if offer is not None:
+            offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
         if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            if offer is not None:
+                offer.decline()
             try:
                 data = json.loads(await upstream.aread())
             finally:
@@ -83,7 +100,10 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
                 "/v1/responses",
                 {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"},
                 rewriter=ResponseObjectRewriter(previous, remember),
+                offer=offer,
             )
+        if offer is not None:
+            offer.decline()
         return StreamingResponse(
             _relay(upstream, lease, previous, remember),
             status_code=upstream.status_code,
@@ -155,6 +175,15 @@ class ResponseObjectRewriter:
     def finish(self) -> bytes:
         rest, self._carry = self._carry, b""
         return rest
+
+    def from_worker(self, payload: bytes) -> None:
+        """The finished response a worker that wrote the stream itself hands back."""
+        try:
+            response = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(response, dict) and response.get("object") == "response":
+            self.remember(response)
 
 
 def _patch(frame: bytes, previous: str | None, remember: Callable) -> bytes:

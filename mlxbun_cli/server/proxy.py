@@ -16,7 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from mlxbun_cli.server import uds_http
+from mlxbun_cli.server import handoff, uds_http
 from mlxbun_cli.server.direct_write import chunked_transport, wait_writable
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
@@ -68,7 +68,12 @@ def unavailable_frame(path: str, message: str) -> bytes:
 
 
 async def open_upstream(
-    request: Request, lease: Lease, body: bytes, path: str | None = None
+    request: Request,
+    lease: Lease,
+    body: bytes,
+    path: str | None = None,
+    offer: handoff.Offer | None = None,
+    extra_headers: Iterable[tuple[str, str]] = (),
 ) -> Any:
     """The worker's streaming response, or an error Response (the lease then ends)."""
     worker = lease.worker
@@ -76,8 +81,13 @@ async def open_upstream(
     headers = [
         (k, v)
         for k, v in strip_hop_by_hop(request.headers.items())
+        # the parent's own words to its workers are never a client's
         if k.lower() not in ("host", "content-length")
+        and not k.lower().startswith(handoff.PRIVATE_PREFIX)
     ]
+    headers += extra_headers
+    if offer is not None:
+        headers.append(offer.header())
     # The raw (still percent-encoded) path: decoded text may not be a valid URL.
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
@@ -97,7 +107,8 @@ async def open_upstream(
 async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
     """Send the request to the leased worker; the lease ends when the body does."""
     path = path or request.url.path
-    upstream = await open_upstream(request, lease, body, path)
+    offer = handoff.Offer(lease.worker.socket_path) if handoff.possible(request.scope) else None
+    upstream = await open_upstream(request, lease, body, path, offer)
     if isinstance(upstream, Response):
         return upstream
     is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
@@ -106,9 +117,14 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
         for k, v in strip_hop_by_hop(upstream.headers.items())
         # date and server: the parent's own server adds them
         if k.lower() not in ("content-length", "content-encoding", "date", "server")
+        and not k.lower().startswith(handoff.PRIVATE_PREFIX)
     )
+    if offer is not None:
+        offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
     if is_stream and upstream.is_chunked:
-        return RelayResponse(upstream, lease, path, response_headers)
+        return RelayResponse(upstream, lease, path, response_headers, offer=offer)
+    if offer is not None:
+        offer.decline()
     return StreamingResponse(
         _relay(upstream, lease, path, is_stream),
         status_code=upstream.status_code,
@@ -151,7 +167,9 @@ class RelayResponse(Response):
     through ASGI again, so uvicorn finishes the response itself.
 
     `rewriter`, if given, may change the chunks on the way (it gets and
-    returns wire-format chunks; its `finish()` gives any last payload).
+    returns wire-format chunks; its `finish()` gives any last payload). When
+    the worker writes the body itself (`offer`, server/handoff.py), its
+    response here carries only a payload for the rewriter's `from_worker`.
     """
 
     def __init__(
@@ -161,12 +179,14 @@ class RelayResponse(Response):
         path: str,
         headers: dict[str, str],
         rewriter: Any = None,
+        offer: handoff.Offer | None = None,
     ) -> None:
         # Not Response.__init__: that gives an empty body and a content-length.
         self.status_code = upstream.status_code
         self.background = None
         self.init_headers(headers)
         self.upstream, self.lease, self.path, self.rewriter = upstream, lease, path, rewriter
+        self.offer = offer
 
     async def _wire_chunks(self) -> AsyncIterator[bytes]:
         async for chunks in self.upstream.raw_chunks():
@@ -190,8 +210,19 @@ class RelayResponse(Response):
             )
             # None when not served by uvicorn or not chunked: ASGI frames the payloads.
             transport = chunked_transport(scope)
+            # From here the worker writes the body to the client itself; its
+            # response to this process carries only what the rewriter must see.
+            handed = self.offer is not None and self.offer.give(scope, transport)
             tail = b""
             try:
+                if handed:
+                    sideband = b"".join(
+                        [uds_http.chunk_payloads(c) async for c in self.upstream.raw_chunks()]
+                    )
+                    if sideband and self.rewriter is not None:
+                        self.rewriter.from_worker(sideband)
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
                 async for chunks in self._wire_chunks():
                     if transport is None:
                         body = uds_http.chunk_payloads(chunks)
@@ -210,6 +241,8 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
             watcher.cancel()
+            if self.offer is not None:
+                self.offer.decline()  # no-op once answered; else the worker stops waiting
             await close_upstream(self.upstream, self.lease)
 
     async def _watch_disconnect(self, receive: Any, client_left: asyncio.Event) -> None:

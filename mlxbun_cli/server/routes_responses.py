@@ -24,6 +24,7 @@ from mlxbun_cli.prep.events import Done
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
 from mlxbun_cli.protocols.openai import error_body
+from mlxbun_cli.server import handoff
 from mlxbun_cli.server.bridge import stream_events
 from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response, register_error_shape
@@ -249,11 +250,18 @@ class _Run:
         self.created_at = int(time.time())
         self.model = state.loaded.id
         self.builder = wire.OutputBuilder()
+        self.shown: dict[str, Any] = {}  # history fields the isolated parent keeps
+        self.finished: dict[str, Any] | None = None
 
     def snapshot(self, status: str) -> dict[str, Any]:
-        return wire.response_object(
+        response = wire.response_object(
             self.rid, self.model, self.created_at, self.parsed, status=status, output=[]
         )
+        return {**response, **self.shown}
+
+    def for_parent(self) -> bytes:
+        """The finished response, for a parent that did not see the stream (handoff)."""
+        return json.dumps(self.finished).encode() if self.finished is not None else b""
 
     def final(self, done: Done) -> dict[str, Any]:
         status, reason = _outcome(done)
@@ -269,6 +277,7 @@ class _Run:
         )
         if self.parsed.store:
             self.state.responses.put(response, self.conversation)
+        self.finished = response = {**response, **self.shown}
         return response
 
 
@@ -318,6 +327,19 @@ async def _stream(run: _Run, events: AsyncIterator[Any]) -> AsyncIterator[bytes]
         await events.aclose()  # a client that left: its sequence stops now, not at GC
 
 
+def _shown_by_parent(request: Request) -> dict[str, Any]:
+    """In a worker: the history fields its parent keeps and wants shown as they are."""
+    raw = request.headers.get(handoff.SHOWN_HEADER)
+    if raw is None or handoff.receiver() is None:  # only a parent talks to a worker
+        return {}
+    try:
+        shown = json.loads(raw)
+    except ValueError:
+        return {}
+    keys = ("previous_response_id", "store")
+    return {k: shown[k] for k in keys if k in shown} if isinstance(shown, dict) else {}
+
+
 @router.post("/v1/responses", openapi_extra=RESPONSES_BODY, summary="Create a response")
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.mlxbun
@@ -338,12 +360,14 @@ async def create_response(request: Request) -> Response:
     state.counters.requests += 1
     prepared = _prepare(state, parsed, messages)
     run = _Run(state, parsed, conversation)
+    run.shown = _shown_by_parent(request)
     events = stream_events(state, prepared)
     if parsed.stream:
         return EventStreamResponse(
             _stream(run, events),
             media_type="text/event-stream",
             headers=stream_headers(prepared),
+            to_parent=run.for_parent,
         )
     async for event in events:
         run.builder.feed(event)

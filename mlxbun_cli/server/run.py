@@ -83,8 +83,11 @@ def engine_server(state: ServerState) -> Any:
     from mlxbun_cli.server.app import create_app
 
     def startup(loop: asyncio.AbstractEventLoop) -> None:
+        from mlxbun_cli.server import handoff
+
         state.loop = loop
         state.draining = asyncio.Event()
+        handoff.start(loop)  # a worker takes client connections from its parent
 
     def drain() -> None:
         loop = getattr(state, "loop", None)

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.socket and args.model_id and args.model_path and args.options):
         parser.error("--socket, --model-id, --model-path and --options are required")
 
+    from mlxbun_cli.server import handoff
     from mlxbun_cli.server.run import engine_server
 
     options = ServeOptions(**json.loads(args.options))
@@ -116,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(args.socket)
     sock.listen(1024)
+    side = handoff.listen(args.socket)
     try:
         engine_server(state).run(sockets=[sock])
     finally:
         sock.close()
-        if os.path.exists(args.socket):
-            os.unlink(args.socket)
+        side.close()
+        for path in (args.socket, handoff.side_path(args.socket)):
+            if os.path.exists(path):
+                os.unlink(path)
     return 0
 
 
