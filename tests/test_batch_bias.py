@@ -7,7 +7,10 @@ from mlxbun_cli.engine.scheduler import Scheduler
 from mlxbun_cli.engine.types import EngineRequest, PenaltyOptions, TokenStep
 
 
-def _tokens(loaded, requests, late, batched: bool, monkeypatch) -> tuple[list, list, int]:
+def _tokens(
+    loaded, requests, late, batched: bool, monkeypatch, join_after: int = 6
+) -> tuple[list, list, int]:
+    """Tokens per request; `late` joins once `join_after` events of the first have come."""
     calls = {"n": 0}
     if batched:
         real = batch_bias._BiasedModel.__call__
@@ -23,8 +26,10 @@ def _tokens(loaded, requests, late, batched: bool, monkeypatch) -> tuple[list, l
     try:
         streams = [scheduler.stream(r)[1] for r in requests]
         out: list[list[int]] = [[] for _ in requests]
-        for _ in range(6):  # the batch is decoding when the late request joins
-            out[0].append(next(streams[0]).token)
+        for _ in range(join_after):  # the batch is decoding when the late request joins
+            event = next(streams[0])
+            if isinstance(event, TokenStep):
+                out[0].append(event.token)
         _, late_stream = scheduler.stream(late)
         late_tokens = [e.token for e in late_stream if isinstance(e, TokenStep)]
         for i, stream in enumerate(streams):
@@ -69,6 +74,27 @@ def test_batched_bias_matches_per_row_processors(tiny_loaded, monkeypatch):
     assert 42 not in batched[0] + batched[3]
     assert [len(t) for t in batched] == [60, 40, 50, 55] and len(batched_late) == 12
     assert steps > 30  # the batched path carried most steps, not the fallback
+
+
+def test_rows_that_swap_places_keep_their_own_bias(tiny_loaded, monkeypatch):
+    # [plain, biased] -> the plain row finishes -> a new plain row joins: [biased, plain].
+    # Same processors, same count: only the layout tells the two batches apart.
+    def requests():
+        return [
+            EngineRequest(list(range(3, 9)), max_tokens=4),
+            EngineRequest(
+                list(range(20, 30)), max_tokens=40, penalties=PenaltyOptions(logit_bias={42: 100.0})
+            ),
+        ]
+
+    def late():
+        return EngineRequest(list(range(9, 19)), max_tokens=20)
+
+    # The late one joins after the plain one's 4 tokens and its end.
+    per_row, per_row_late, _ = _tokens(tiny_loaded, requests(), late(), False, monkeypatch, 5)
+    batched, batched_late, steps = _tokens(tiny_loaded, requests(), late(), True, monkeypatch, 5)
+    assert set(batched[1]) == {42} and 42 not in batched_late
+    assert batched == per_row and batched_late == per_row_late and steps > 10
 
 
 def test_install_declines_an_unknown_batch_class():

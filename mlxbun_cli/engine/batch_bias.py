@@ -59,7 +59,7 @@ class BiasedGenerationBatch(GenerationBatch):
         rows = self.logits_processors
         if not _only_biases(rows):
             return super()._step()
-        key = (len(rows), *(id(p) for row in rows for p in row or ()))
+        key = tuple(tuple(id(p) for p in row or ()) for row in rows)  # which row has which
         if self._bias_key != key:
             row_ids, cols, values = [], [], []
             for e, row in enumerate(rows):
