@@ -7,10 +7,7 @@ from mlxbun_cli.engine.scheduler import Scheduler
 from mlxbun_cli.engine.types import EngineRequest, PenaltyOptions, TokenStep
 
 
-def _tokens(
-    loaded, requests, late, batched: bool, monkeypatch, join_after: int = 6
-) -> tuple[list, list, int]:
-    """Tokens per request; `late` joins once `join_after` events of the first have come."""
+def _tokens(loaded, requests, late, batched: bool, monkeypatch) -> tuple[list, list, int]:
     calls = {"n": 0}
     if batched:
         real = batch_bias._BiasedModel.__call__
@@ -26,10 +23,8 @@ def _tokens(
     try:
         streams = [scheduler.stream(r)[1] for r in requests]
         out: list[list[int]] = [[] for _ in requests]
-        for _ in range(join_after):  # the batch is decoding when the late request joins
-            event = next(streams[0])
-            if isinstance(event, TokenStep):
-                out[0].append(event.token)
+        for _ in range(6):  # the batch is decoding when the late request joins
+            out[0].append(next(streams[0]).token)
         _, late_stream = scheduler.stream(late)
         late_tokens = [e.token for e in late_stream if isinstance(e, TokenStep)]
         for i, stream in enumerate(streams):
@@ -76,25 +71,40 @@ def test_batched_bias_matches_per_row_processors(tiny_loaded, monkeypatch):
     assert steps > 30  # the batched path carried most steps, not the fallback
 
 
-def test_rows_that_swap_places_keep_their_own_bias(tiny_loaded, monkeypatch):
-    # [plain, biased] -> the plain row finishes -> a new plain row joins: [biased, plain].
-    # Same processors, same count: only the layout tells the two batches apart.
-    def requests():
-        return [
-            EngineRequest(list(range(3, 9)), max_tokens=4),
-            EngineRequest(
-                list(range(20, 30)), max_tokens=40, penalties=PenaltyOptions(logit_bias={42: 100.0})
-            ),
-        ]
+def _swap_run(loaded, batched: bool) -> dict[int, list[int]]:
+    """[plain, biased]; the plain row ends in the very step a new plain row joins."""
+    from mlx_lm.generate import BatchGenerator
 
-    def late():
-        return EngineRequest(list(range(9, 19)), max_tokens=20)
+    generator = BatchGenerator(loaded.model, stop_tokens=[])
+    if batched:
+        assert batch_bias.install(generator)
+    plain, biased = generator.insert(
+        [list(range(3, 9)), list(range(20, 30))],
+        max_tokens=[4, 40],
+        logits_processors=[[], [batch_bias.LogitBias({42: 100.0})]],
+    )
+    tokens: dict[int, list[int]] = {plain: [], biased: []}
+    late = None
+    try:
+        while True:
+            _, responses = generator.next()
+            for r in responses:
+                tokens.setdefault(r.uid, []).append(r.token)
+            if late is None and len(tokens[plain]) == 2:
+                # Prefilled in the next step, it joins the batch as the plain row leaves.
+                (late,) = generator.insert([list(range(9, 19))], max_tokens=[20])
+            if late is not None and len(tokens.get(late, [])) == 20:
+                return {"plain": tokens[plain], "biased": tokens[biased], "late": tokens[late]}
+    finally:
+        generator.close()
 
-    # The late one joins after the plain one's 4 tokens and its end.
-    per_row, per_row_late, _ = _tokens(tiny_loaded, requests(), late(), False, monkeypatch, 5)
-    batched, batched_late, steps = _tokens(tiny_loaded, requests(), late(), True, monkeypatch, 5)
-    assert set(batched[1]) == {42} and 42 not in batched_late
-    assert batched == per_row and batched_late == per_row_late and steps > 10
+
+def test_rows_that_swap_places_keep_their_own_bias(tiny_loaded):
+    # Same processors, same row count before and after: only the layout differs.
+    per_row = _swap_run(tiny_loaded, batched=False)
+    batched = _swap_run(tiny_loaded, batched=True)
+    assert set(batched["biased"]) == {42} and 42 not in batched["late"]
+    assert batched == per_row
 
 
 def test_install_declines_an_unknown_batch_class():
