@@ -71,14 +71,45 @@ class LoopInbox:
 _EMPTY = object()
 
 
-async def stream_events(
-    state: ServerState, prepared: PreparedRequest
+def stream_events(state: ServerState, prepared: PreparedRequest) -> AsyncIterator[OutputEvent]:
+    """Neutral events for one request; leaving early (a client hang-up) cancels it.
+
+    The request goes to the scheduler now, not at the first read: its prefill
+    overlaps sending the response headers (and, in a worker, the handoff).
+    """
+    inbox = LoopInbox(asyncio.get_running_loop())
+    handle = state.loaded.scheduler.submit(prepared.engine_request, inbox.put)
+    return _Submitted(handle, _events(state, prepared, inbox, handle))
+
+
+class _Submitted:
+    """The events of a request already submitted; closing or dropping them cancels it."""
+
+    def __init__(self, handle: Any, events: AsyncIterator[OutputEvent]) -> None:
+        self._handle = handle
+        self._events = events
+
+    def __aiter__(self) -> _Submitted:
+        return self
+
+    def __anext__(self) -> Any:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:
+            self._handle.cancel()  # a no-op once finished; never started: it stops now
+
+    def __del__(self) -> None:
+        self._handle.cancel()
+
+
+async def _events(
+    state: ServerState, prepared: PreparedRequest, inbox: LoopInbox, handle: Any
 ) -> AsyncIterator[OutputEvent]:
-    """Neutral events for one request; leaving early (a client hang-up) cancels it."""
     loaded = state.loaded
     loop = asyncio.get_running_loop()
-    inbox = LoopInbox(loop)
-    handle = loaded.scheduler.submit(prepared.engine_request, inbox.put)
     processor = OutputProcessor(loaded, prepared)
     state.counters.streams_active += 1
     draining = state.draining
