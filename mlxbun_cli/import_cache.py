@@ -4,10 +4,11 @@ transformers 5 makes its lazy-import table on every import by reading each of
 its ~3,300 model files for their `__all__`: about half of `import mlx_lm`,
 0.4-0.5 s of every process that loads a model (a CLI run, a server worker,
 a job). The table depends only on those files, so it is kept per transformers
-version under the cache dir, with the scanned folder's mtime: an upgrade, or a
-model folder added or removed, scans again. Anything unexpected (another
-transformers layout, an unreadable cache) leaves transformers' own scan to run
-as usual. `MLXBUN_IMPORT_CACHE=0` turns it off.
+version under the cache dir, with the newest mtime of the scanned folders: an
+upgrade, or a file added or removed anywhere in them, scans again (a
+development version, which can change in place, is not cached). Anything
+unexpected (another transformers layout, an unreadable cache) leaves
+transformers' own scan to run as usual. `MLXBUN_IMPORT_CACHE=0` turns it off.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def install() -> None:
 class _Finder:
     """Finds `transformers.utils.import_utils` as usual, then wraps its scan after it runs."""
 
+    done = False  # once only; left in sys.meta_path, which importlib may be iterating
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != _MODULE:
+        if name != _MODULE or self.done:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+        self.done = True
         from importlib.machinery import PathFinder
 
         spec = PathFinder.find_spec(name, path)
@@ -60,8 +63,8 @@ class _Finder:
 def _wrap(module: Any) -> None:
     scan = getattr(module, _FUNCTION, None)
     version = getattr(sys.modules.get("transformers"), "__version__", None)
-    if not callable(scan) or not isinstance(version, str):
-        return
+    if not callable(scan) or not isinstance(version, str) or "dev" in version:
+        return  # a development checkout can change under the same version
     store = _Store(version)
     inner = threading.local()  # the scan recurses into subfolders; only the outer call is cached
 
@@ -88,10 +91,17 @@ def _wrap(module: Any) -> None:
 
 
 def _stamp(path: str) -> int | None:
-    """The scanned folder's mtime: files added or removed there change it."""
+    """The newest mtime of the scanned folder and its subfolders (files added or removed)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
     try:
-        folder = path if os.path.isdir(path) else os.path.dirname(path)
-        return os.stat(folder).st_mtime_ns
+        newest, pending = os.stat(folder).st_mtime_ns, [folder]
+        while pending:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
+                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime_ns)
+                        pending.append(entry.path)
+        return newest
     except OSError:
         return None
 
@@ -132,7 +142,7 @@ class _Store:
         import pickle
 
         tables = self._load()
-        partial = self.file.with_name(f"{self.file.name}.{os.getpid()}.tmp")
+        partial = self.file.with_name(f"{self.file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             tables[key] = (stamp, pickle.loads(pickle.dumps(table)))  # a copy callers cannot change
             self.file.parent.mkdir(parents=True, exist_ok=True)
