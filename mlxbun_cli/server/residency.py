@@ -120,15 +120,21 @@ class ModelRouter:
             self._scan()
         elif time.monotonic() - self._local_ids[0] > LOCAL_IDS_TTL_S and not self._rescanning:
             self._rescanning = True
-            threading.Thread(target=self._scan, name="mlxbun-model-scan", daemon=True).start()
+            try:
+                threading.Thread(target=self._scan, name="mlxbun-model-scan", daemon=True).start()
+            except RuntimeError:  # no thread to be had: scan here
+                self._scan()
         return self._local_ids[1]
 
     def _scan(self) -> None:
+        started = time.monotonic()
         try:
             refs = {ref.id: ref for ref in known_models()}
             refs[self.default.id] = self.default
-            self._local_ids = (time.monotonic(), refs)
-            self._misses = set()  # names unknown to the last scan may be known now
+            # A slow background scan must not replace a newer one made meanwhile.
+            if self._local_ids is None or started >= self._local_ids[0]:
+                self._local_ids = (started, refs)
+                self._misses = set()  # names unknown to the last scan may be known now
         finally:
             self._rescanning = False
 
