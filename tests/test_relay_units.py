@@ -163,3 +163,82 @@ def test_prefetched_stream_starts_at_once_and_closes_cleanly():
     items, log = asyncio.run(scenario())
     assert items == [0, 1, 2]
     assert log == ["started", "closed", "started", "closed"]
+
+
+@pytest.mark.parametrize("worker_wrote_it", [True, False])
+def test_after_a_handoff_the_parent_ends_or_relays_by_the_workers_note(worker_wrote_it):
+    # The worker either wrote the stream (its body: the NOTE and frames the parent
+    # must pass on itself) or relayed after all (its body: the events themselves).
+    import asyncio
+
+    from mlxbun_cli.server import handoff
+    from mlxbun_cli.server.proxy import RelayResponse
+
+    completed = b'event: response.completed\ndata: {"response": {"id": "r"}}\n\n'
+    body = handoff.NOTE + completed if worker_wrote_it else b"".join(EVENTS)
+    seen: list[bytes] = []
+
+    class Rewriter:
+        def __call__(self, wire: bytes) -> bytes:
+            seen.append(chunk_payloads(wire))
+            return wire
+
+        def finish(self) -> bytes:
+            return b""
+
+    # Split at awkward places: the NOTE itself may arrive in pieces.
+    pieces = [body[:5], body[5:30], body[30:]]
+    relay = RelayResponse(_Upstream([frame_chunk(p) for p in pieces], False), _Lease(),
+                          "/v1/responses", {}, rewriter=Rewriter())  # fmt: skip
+    before = dict(handoff.stats)
+
+    async def go() -> tuple[bytes | None, bytes]:
+        source = relay.upstream.raw_chunks()
+        frames = await relay._handed_off(source)
+        return frames, b"".join([chunk_payloads(c) async for c in source])
+
+    frames, rest = asyncio.run(go())
+    if worker_wrote_it:
+        assert frames == completed and seen == [completed]
+        assert handoff.stats["given"] == before["given"] + 1
+    else:
+        assert frames is None and relay._pending + rest == body  # all of it, relayed
+        assert handoff.stats["missed"] == before["missed"] + 1
+
+
+def test_side_socket_passes_the_socket_or_a_refusal(tmp_path):
+    import asyncio
+    import socket
+
+    from mlxbun_cli.server import handoff
+
+    worker_socket = str(tmp_path / "w.sock")
+    listener = handoff.listen(worker_socket)
+    client, peer = socket.socketpair()
+
+    async def scenario() -> tuple:
+        handoff.start(asyncio.get_running_loop())
+        receiver = handoff.receiver()
+        given = receiver.expect("t1")
+        assert handoff._send(handoff.side_path(worker_socket), "t1", peer.fileno())
+        fd = await receiver.wait("t1", given)
+        refused = receiver.expect("t2")
+        handoff._send(handoff.side_path(worker_socket), "t2", None)
+        none = await receiver.wait("t2", refused)
+        # An answer for a token no one waits for: its socket is closed, not kept.
+        handoff._send(handoff.side_path(worker_socket), "late", peer.fileno())
+        await asyncio.sleep(0.05)
+        return fd, none
+
+    try:
+        fd, none = asyncio.run(scenario())
+        assert none is None and fd is not None
+        with socket.socket(fileno=fd) as passed:  # the worker's own copy of the socket
+            passed.sendall(b"hello")
+        assert client.recv(5) == b"hello"
+    finally:
+        handoff.forget(worker_socket)
+        handoff._receiver = None
+        listener.close()
+        client.close()
+        peer.close()

@@ -63,16 +63,7 @@ async def wait_writable(transport: Any) -> bool:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A StreamingResponse whose chunks go straight to the client connection.
-
-    `to_parent`, in a worker whose parent handed it the client connection,
-    gives what the parent must still see once the body is written (it goes in
-    the worker's own response to the parent).
-    """
-
-    def __init__(self, *args: Any, to_parent: Any = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.to_parent = to_parent
+    """A StreamingResponse whose chunks go straight to the client connection."""
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         self._scope = scope
@@ -94,9 +85,7 @@ class EventStreamResponse(StreamingResponse):
                 self.body_iterator = _Prefetched(self.body_iterator)
                 fd = await receiver.wait(token, waiter)
                 if fd is not None:
-                    if not await handoff.write_stream(fd, self.body_iterator):
-                        return  # the client left; closing the iterator cancels the request
-                    note = self.to_parent() if self.to_parent is not None else b""
+                    note = await handoff.write_stream(fd, self.body_iterator)
                     await send({"type": "http.response.body", "body": note, "more_body": False})
                     return
             transport = chunked_transport(self._scope)
@@ -157,6 +146,8 @@ class _Prefetched:
             first.cancel()  # the request is cancelled inside, as a hang-up would
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await first
+        elif first is not None and not first.cancelled():
+            first.exception()  # retrieved: a failure no one read is not logged as lost
         aclose = getattr(self._iterator, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -16,8 +16,16 @@ frame from the parent.
 The protocol: the parent offers a handoff with a request header carrying a
 fresh token; a worker that will take it answers with `accept` in the same
 header, registers the token and waits (briefly) for one message on the side
-socket: the token with the client socket, or the token alone (declined: the
-body then goes through the parent as before).
+socket: the token with the client socket, or the token alone (declined). A
+worker that wrote the body itself ends its response to the parent with a
+NOTE: that marker, then any frames the parent must see before the client
+does (`ForParent`: the finished Responses object, which the parent stores
+first). Any other body means the worker relayed after all (declined, or the
+socket came too late or not at all), and the parent relays it as usual.
+
+Known limit: a worker killed while a chunk to a slow client is half-written
+leaves that chunk torn, and the error frame the parent then appends may not
+parse; a client that has read its whole buffer never sees this.
 """
 
 from __future__ import annotations
@@ -37,10 +45,17 @@ HEADER = "x-mlxbun-handoff"
 # Responses: the history fields the parent keeps, for the worker to show (JSON).
 SHOWN_HEADER = "x-mlxbun-shown"
 ACCEPT = "accept"
-WAIT_S = 2.0  # how long a worker waits for the parent's answer before relaying
+WAIT_S = 1.0  # how long a worker waits for the parent's answer before relaying
 MAX_TOKEN = 64
+NOTE = b"mlxbun-handoff-note\n"  # never the start of an event stream's body
 
-stats = {"given": 0, "declined": 0}
+# given: streams the worker wrote; declined: offers the parent turned down;
+# missed: offers the worker relayed after all (no socket in time)
+stats = {"given": 0, "declined": 0, "missed": 0}
+
+
+class ForParent(bytes):
+    """A frame the parent must see (and pass on) itself, not the worker directly."""
 
 
 def side_path(worker_socket: str) -> str:
@@ -93,10 +108,8 @@ class Offer:
             self.decline()
             return False
         self._answered = True
-        if _send(self.path, self.token, fd):
-            stats["given"] += 1
-            return True
-        return False  # the worker stops waiting and relays, or is gone
+        # True: the socket went; the worker's NOTE will say whether it was used.
+        return _send(self.path, self.token, fd)
 
     def decline(self) -> None:
         if self.accepted and not self._answered:
@@ -162,11 +175,16 @@ class Receiver:
 
     def _read(self, conn: socket.socket) -> None:
         try:
-            message, fds, _flags, _addr = socket.recv_fds(conn, MAX_TOKEN, 1)
+            message, fds, flags, _addr = socket.recv_fds(conn, MAX_TOKEN, 1)
         except BlockingIOError:
             return
         except OSError:
-            message, fds = b"", []
+            message, fds, flags = b"", [], 0
+        if flags & socket.MSG_CTRUNC:  # the socket did not arrive (out of fds): relay
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    socket.close(fd)
+            fds = []
         if not message:  # the parent closed its end
             self._loop.remove_reader(conn.fileno())
             conn.close()
@@ -237,26 +255,35 @@ def offered_token(scope: dict) -> str | None:
     return None
 
 
-async def write_stream(fd: int, chunks: Any) -> bool:
-    """Write each chunk, chunk-framed, to the client socket; False once the client is gone."""
+async def write_stream(fd: int, chunks: Any) -> bytes:
+    """Write each chunk, chunk-framed, to the client socket; then the NOTE for the parent.
+
+    `ForParent` chunks are kept for the NOTE instead. A client that left ends
+    the writing (the caller closes `chunks`, which cancels the request).
+    """
     loop = asyncio.get_running_loop()
     sock = socket.socket(fileno=fd)  # this process's copy; closing it leaves the parent's
     sock.setblocking(False)
+    for_parent: list[bytes] = []
     try:
         async for chunk in chunks:
             if isinstance(chunk, str):
                 chunk = chunk.encode()
+            if isinstance(chunk, ForParent):
+                for_parent.append(bytes(chunk))
+                continue
             if not chunk:
                 continue
             data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
             try:
-                sent = sock.send(data)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(data):
-                await loop.sock_sendall(sock, data[sent:])  # a slow client: wait for room
-        return True
-    except OSError:  # EPIPE/ECONNRESET: the client left
-        return False
+                try:
+                    sent = sock.send(data)
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(data):
+                    await loop.sock_sendall(sock, data[sent:])  # a slow client: wait for room
+            except OSError:  # EPIPE/ECONNRESET: the client left
+                return NOTE
+        return NOTE + b"".join(for_parent)
     finally:
         sock.close()

@@ -176,15 +176,6 @@ class ResponseObjectRewriter:
         rest, self._carry = self._carry, b""
         return rest
 
-    def from_worker(self, payload: bytes) -> None:
-        """The finished response a worker that wrote the stream itself hands back."""
-        try:
-            response = json.loads(payload)
-        except ValueError:
-            return
-        if isinstance(response, dict) and response.get("object") == "response":
-            self.remember(response)
-
 
 def _patch(frame: bytes, previous: str | None, remember: Callable) -> bytes:
     lines = frame.split(b"\n")

@@ -169,7 +169,7 @@ class RelayResponse(Response):
     `rewriter`, if given, may change the chunks on the way (it gets and
     returns wire-format chunks; its `finish()` gives any last payload). When
     the worker writes the body itself (`offer`, server/handoff.py), its
-    response here carries only a payload for the rewriter's `from_worker`.
+    response here ends with a NOTE carrying any frames this process must see.
     """
 
     def __init__(
@@ -187,13 +187,35 @@ class RelayResponse(Response):
         self.init_headers(headers)
         self.upstream, self.lease, self.path, self.rewriter = upstream, lease, path, rewriter
         self.offer = offer
+        self._pending = b""
 
-    async def _wire_chunks(self) -> AsyncIterator[bytes]:
-        async for chunks in self.upstream.raw_chunks():
+    async def _wire_chunks(self, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunks in source:
             if self.rewriter is not None:
                 chunks = self.rewriter(chunks)
             if chunks:
                 yield chunks
+
+    async def _handed_off(self, source: AsyncIterator[bytes]) -> bytes | None:
+        """After a handoff: the payload to end the body with once the worker wrote it,
+        or None when the worker relayed after all (its body then comes through `source`)."""
+        payload = b""
+        async for chunks in source:
+            payload += uds_http.chunk_payloads(chunks)
+            if len(payload) >= len(handoff.NOTE) or not handoff.NOTE.startswith(payload):
+                break
+        if not payload.startswith(handoff.NOTE):
+            handoff.stats["missed"] += 1
+            self._pending = payload
+            return None
+        handoff.stats["given"] += 1
+        async for chunks in source:
+            payload += uds_http.chunk_payloads(chunks)
+        frames = payload[len(handoff.NOTE) :]
+        if frames and self.rewriter is not None:  # e.g. the finished response, stored first
+            frames = uds_http.chunk_payloads(self.rewriter(uds_http.frame_chunk(frames)))
+            frames += self.rewriter.finish()
+        return frames
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         # A client that hangs up closes the upstream at once (the worker then
@@ -210,20 +232,21 @@ class RelayResponse(Response):
             )
             # None when not served by uvicorn or not chunked: ASGI frames the payloads.
             transport = chunked_transport(scope)
-            # From here the worker writes the body to the client itself; its
-            # response to this process carries only what the rewriter must see.
+            # From here the worker may write the body to the client itself.
             handed = self.offer is not None and self.offer.give(scope, transport)
+            source = self.upstream.raw_chunks()
             tail = b""
             try:
                 if handed:
-                    sideband = b"".join(
-                        [uds_http.chunk_payloads(c) async for c in self.upstream.raw_chunks()]
-                    )
-                    if sideband and self.rewriter is not None:
-                        self.rewriter.from_worker(sideband)
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
-                async for chunks in self._wire_chunks():
+                    frames = await self._handed_off(source)
+                    if frames is not None:
+                        await send(
+                            {"type": "http.response.body", "body": frames, "more_body": False}
+                        )
+                        return
+                    if self._pending:  # the worker relayed: what was read is its body's start
+                        source = _prepend(uds_http.frame_chunk(self._pending), source)
+                async for chunks in self._wire_chunks(source):
                     if transport is None:
                         body = uds_http.chunk_payloads(chunks)
                         await send({"type": "http.response.body", "body": body, "more_body": True})
@@ -250,6 +273,12 @@ class RelayResponse(Response):
             pass
         client_left.set()
         self.upstream.abort()
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 async def close_upstream(upstream: Any, lease: Lease) -> None:

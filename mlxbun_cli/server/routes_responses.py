@@ -251,17 +251,12 @@ class _Run:
         self.model = state.loaded.id
         self.builder = wire.OutputBuilder()
         self.shown: dict[str, Any] = {}  # history fields the isolated parent keeps
-        self.finished: dict[str, Any] | None = None
 
     def snapshot(self, status: str) -> dict[str, Any]:
         response = wire.response_object(
             self.rid, self.model, self.created_at, self.parsed, status=status, output=[]
         )
         return {**response, **self.shown}
-
-    def for_parent(self) -> bytes:
-        """The finished response, for a parent that did not see the stream (handoff)."""
-        return json.dumps(self.finished).encode() if self.finished is not None else b""
 
     def final(self, done: Done) -> dict[str, Any]:
         status, reason = _outcome(done)
@@ -277,8 +272,7 @@ class _Run:
         )
         if self.parsed.store:
             self.state.responses.put(response, self.conversation)
-        self.finished = response = {**response, **self.shown}
-        return response
+        return {**response, **self.shown}
 
 
 def _frame(payload: dict[str, Any]) -> bytes:
@@ -315,7 +309,8 @@ async def _stream(run: _Run, events: AsyncIterator[Any]) -> AsyncIterator[bytes]
             for payload in builder.finish(status):
                 yield frame(payload)
             response = run.final(done)
-            yield frame({"type": f"response.{status}", "response": response})
+            # An isolated parent stores it before the client can see it (handoff.py).
+            yield handoff.ForParent(frame({"type": f"response.{status}", "response": response}))
         completed = True
     except Exception as exc:  # the headers are gone: say it in the stream
         state.counters.errors += 1
@@ -367,7 +362,6 @@ async def create_response(request: Request) -> Response:
             _stream(run, events),
             media_type="text/event-stream",
             headers=stream_headers(prepared),
-            to_parent=run.for_parent,
         )
     async for event in events:
         run.builder.feed(event)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxbun_cli.catalog import ModelRef
+from mlxbun_cli.server import handoff
 from mlxbun_cli.server.state import ServeOptions
 
 log = logging.getLogger("mlxbun.supervisor")
@@ -284,6 +285,7 @@ class Supervisor:
         if worker.client is not None:
             await worker.client.aclose()
             worker.client = None
+        handoff.forget(worker.socket_path)
         self.workers.pop(worker.ref.id, None)
 
     def signal_all(self, sig: int = signal.SIGTERM) -> None:

@@ -117,12 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(args.socket)
     sock.listen(1024)
-    side = handoff.listen(args.socket)
+    try:
+        side = handoff.listen(args.socket)
+    except OSError as exc:  # an optimisation only: streams then go through the parent
+        print(f"mlxbun worker: no connection handoff ({exc})", file=sys.stderr)
+        side = None
     try:
         engine_server(state).run(sockets=[sock])
     finally:
         sock.close()
-        side.close()
+        if side is not None:
+            side.close()
         for path in (args.socket, handoff.side_path(args.socket)):
             if os.path.exists(path):
                 os.unlink(path)
