@@ -119,3 +119,30 @@ def test_responses_streams_are_handed_off_and_the_parent_keeps_the_history(serve
     assert [(o["id"], o["content"][0]["text"]) for o in stored["output"]] == [
         (o["id"], o["content"][0]["text"]) for o in second["output"]
     ]
+
+
+def test_handoffs_resume_after_the_worker_restarts(server):
+    import os
+    import signal
+
+    from serverutil import wait_for
+
+    def stream_once() -> None:
+        body = {"messages": PROMPT, "max_tokens": 5, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            assert "data: [DONE]" in list(r.iter_lines())
+
+    stream_once()  # the parent now holds a side channel to this worker
+    engine = httpx.get(server.url + "/engine", timeout=10).json()["workers"][0]
+    os.kill(engine["pid"], signal.SIGKILL)
+    wait_for(
+        lambda: (
+            (w := httpx.get(server.url + "/engine", timeout=10).json()["workers"][0])["state"]
+            == "ready"
+            and w["pid"] != engine["pid"]
+        )
+    )
+    before = _handoffs(server)
+    stream_once()  # same socket path, new worker: the stale channel is replaced
+    after = _handoffs(server)
+    assert after["given"] == before["given"] + 1 and after["missed"] == before["missed"]

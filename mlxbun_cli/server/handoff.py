@@ -127,7 +127,7 @@ def _send(path: str, token: str, fd: int | None) -> bool:
         channel = _channels.get(path)
         try:
             if channel is None:
-                channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                channel = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 channel.setblocking(False)
                 _channels[path] = channel
                 channel.connect(path)
@@ -163,39 +163,31 @@ class Receiver:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._listener.setblocking(False)
-        loop.add_reader(self._listener.fileno(), self._accept)
+        loop.add_reader(self._listener.fileno(), self._read)
 
-    def _accept(self) -> None:
-        try:
-            conn, _ = self._listener.accept()
-        except OSError:
-            return
-        conn.setblocking(False)
-        self._loop.add_reader(conn.fileno(), self._read, conn)
+    def _read(self) -> None:
+        while True:  # every datagram queued, one answer each
+            try:
+                message, fds, flags, _addr = socket.recv_fds(self._listener, MAX_TOKEN, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("handoff socket: %s", exc)
+                return
+            if flags & socket.MSG_CTRUNC:  # the socket did not arrive (out of fds): relay
+                self._close(fds)
+                fds = []
+            waiter = self._waiting.pop(message.decode("ascii", "replace"), None)
+            if waiter is None or waiter.done():  # too late, or not ours: not ours to keep
+                self._close(fds)
+                continue
+            waiter.set_result(fds[0] if fds else None)
 
-    def _read(self, conn: socket.socket) -> None:
-        try:
-            message, fds, flags, _addr = socket.recv_fds(conn, MAX_TOKEN, 1)
-        except BlockingIOError:
-            return
-        except OSError:
-            message, fds, flags = b"", [], 0
-        if flags & socket.MSG_CTRUNC:  # the socket did not arrive (out of fds): relay
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    socket.close(fd)
-            fds = []
-        if not message:  # the parent closed its end
-            self._loop.remove_reader(conn.fileno())
-            conn.close()
-            return
-        waiter = self._waiting.pop(message.decode("ascii", "replace"), None)
-        if waiter is None or waiter.done():  # too late, or not ours: not our socket to keep
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    socket.close(fd)
-            return
-        waiter.set_result(fds[0] if fds else None)
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                socket.close(fd)
 
     def expect(self, token: str) -> asyncio.Future:
         """Register before answering `accept`, so the parent's message cannot come first."""
@@ -226,9 +218,8 @@ def listen(worker_socket: str) -> socket.socket:
     path = side_path(worker_socket)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # macOS has no SEQPACKET
     listener.bind(path)
-    listener.listen(64)
     _receiver = Receiver(listener)
     return listener
 
