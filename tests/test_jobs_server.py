@@ -105,7 +105,8 @@ def test_bad_input_is_a_4xx_naming_the_field(jobs_server, tmp_path):
 
 def test_sse_replays_then_streams_live(jobs_server, tmp_path, no_eos_bias):
     url = jobs_server.url
-    source = write_jsonl(tmp_path / "in.jsonl", chat_rows(24, 24, no_eos_bias))
+    # Long enough that the job is still running when the stream attaches.
+    source = write_jsonl(tmp_path / "in.jsonl", chat_rows(24, 96, no_eos_bias))
     out = tmp_path / "out.jsonl"
     params = {"input": str(source), "output": str(out), "concurrency": 2}
     r = httpx.post(f"{url}/api/jobs", json={"kind": "dataset", "params": params}, timeout=10)
