@@ -4,11 +4,11 @@ In isolated mode a relayed token crosses the parent: worker -> Unix socket ->
 parent -> client, two more socket hops and two more process wake-ups per
 token than `--in-process`. With a handoff the parent still reads the request,
 leases the worker and writes the response headers (its middleware sees them),
-then passes the client's socket to the worker (SCM_RIGHTS over a side socket
-next to the worker's), and the worker writes the body's chunks straight to
-the client. The worker's own response to the parent then carries no body; when
-it ends, the parent ends the client's response, so uvicorn keeps the
-connection's keep-alive as usual. The parent also keeps its other duties: the
+then passes the client's socket to the worker (SCM_RIGHTS over a datagram
+socket next to the worker's), and the worker writes the body's chunks straight
+to the client. The worker's own response to the parent then carries only a
+NOTE (below); when it ends, the parent ends the client's response, so uvicorn
+keeps the connection's keep-alive as usual. The parent also keeps its other duties: the
 lease lasts until the worker's response ends, a client that hangs up aborts
 the worker's request, and a worker that dies mid-stream gets the wire's error
 frame from the parent.
