@@ -22,6 +22,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from mlxbun_cli.server import handoff
+from mlxbun_cli.server.chunked import frame_chunk
 
 SERVER_CYCLE = "mlxbun.server_cycle"
 WRITE_BUFFER_HIGH = 1 << 20  # bytes queued for a slow client before the stream waits
@@ -99,7 +100,7 @@ class EventStreamResponse(StreamingResponse):
                     if isinstance(chunk, str):
                         chunk = chunk.encode()
                     if chunk:
-                        transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        transport.write(frame_chunk(chunk))
         finally:
             if token is not None:
                 receiver.forget(token)

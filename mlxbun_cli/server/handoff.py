@@ -38,6 +38,8 @@ import secrets
 import socket
 from typing import Any
 
+from mlxbun_cli.server.chunked import frame_chunk
+
 log = logging.getLogger("mlxbun.handoff")
 
 PRIVATE_PREFIX = "x-mlxbun-"  # headers between the parent and its workers only
@@ -78,7 +80,7 @@ def client_socket_fd(scope: dict, transport: Any) -> int | None:
         return None
 
 
-def possible(scope: dict) -> bool:
+def _possible(scope: dict) -> bool:
     """Whether this request's response body could be written by a worker."""
     from mlxbun_cli.server.direct_write import SERVER_CYCLE, is_uvicorn_cycle
 
@@ -88,6 +90,11 @@ def possible(scope: dict) -> bool:
 
 class Offer:
     """One request's handoff offer; answered exactly once (given or declined)."""
+
+    @classmethod
+    def for_request(cls, scope: dict, worker_socket: str) -> Offer | None:
+        """An offer, where this request's connection could be handed over; else None."""
+        return cls(worker_socket) if _possible(scope) else None
 
     def __init__(self, worker_socket: str) -> None:
         self.token = secrets.token_hex(16)
@@ -265,7 +272,7 @@ async def write_stream(fd: int, chunks: Any) -> bytes:
                 continue
             if not chunk:
                 continue
-            data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            data = frame_chunk(chunk)
             try:
                 try:
                     sent = sock.send(data)

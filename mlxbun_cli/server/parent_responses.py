@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
-from mlxbun_cli.server import handoff
+from mlxbun_cli.server import chunked, handoff
 from mlxbun_cli.server.proxy import RelayResponse, close_upstream, unavailable_frame
 from mlxbun_cli.server.responses_store import ResponseStore
 
@@ -64,21 +64,13 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
 
         # A stream may be written by the worker straight to the client: it then shows
         # the history fields itself and hands back only the finished response.
-        offer = None
-        shown: list[tuple[str, str]] = []
-        if parsed.stream and handoff.possible(request.scope):
-            offer = handoff.Offer(lease.worker.socket_path)
-            shown = [
-                (
-                    handoff.SHOWN_HEADER,
-                    json.dumps({"previous_response_id": previous, "store": keep}),
-                )
-            ]
-        upstream = await send(request, lease, raw, offer, shown)
+        worker_socket = lease.worker.socket_path
+        offer = handoff.Offer.for_request(request.scope, worker_socket) if parsed.stream else None
+        shown = json.dumps({"previous_response_id": previous, "store": keep})
+        extra = [(handoff.SHOWN_HEADER, shown)] if offer is not None else []
+        upstream = await send(request, lease, raw, offer, extra)
         if isinstance(upstream, Response):
             return upstream
-        if offer is not None:
-            offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
         if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
             if offer is not None:
                 offer.decline()
@@ -163,14 +155,12 @@ class ResponseObjectRewriter:
         self._carry = b""  # an event split across chunks
 
     def __call__(self, wire: bytes) -> bytes:
-        from mlxbun_cli.server import uds_http
-
         if not self._carry and b'"response"' not in wire and wire.endswith(b"\n\n\r\n"):
             return wire  # whole events (the chunk ends on an event boundary), none to patch
-        data = self._carry + uds_http.chunk_payloads(wire)
+        data = self._carry + chunked.chunk_payloads(wire)
         *frames, self._carry = data.split(b"\n\n")
         patched = b"".join(_patch(f, self.previous, self.remember) + b"\n\n" for f in frames)
-        return uds_http.frame_chunk(patched)
+        return chunked.frame_chunk(patched)
 
     def finish(self) -> bytes:
         rest, self._carry = self._carry, b""

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from mlxbun_cli.server import handoff, uds_http
+from mlxbun_cli.server import chunked, handoff, uds_http
 from mlxbun_cli.server.direct_write import chunked_transport, wait_writable
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
@@ -92,7 +92,10 @@ async def open_upstream(
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
     try:
-        return await uds_http.send(worker.socket_path, request.method, target, headers, body)
+        upstream = await uds_http.send(worker.socket_path, request.method, target, headers, body)
+        if offer is not None:
+            offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
+        return upstream
     except uds_http.UpstreamError:
         lease.release()
         return error_response(
@@ -107,7 +110,7 @@ async def open_upstream(
 async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
     """Send the request to the leased worker; the lease ends when the body does."""
     path = path or request.url.path
-    offer = handoff.Offer(lease.worker.socket_path) if handoff.possible(request.scope) else None
+    offer = handoff.Offer.for_request(request.scope, lease.worker.socket_path)
     upstream = await open_upstream(request, lease, body, path, offer)
     if isinstance(upstream, Response):
         return upstream
@@ -119,8 +122,6 @@ async def forward(request: Request, lease: Lease, body: bytes, path: str | None 
         if k.lower() not in ("content-length", "content-encoding", "date", "server")
         and not k.lower().startswith(handoff.PRIVATE_PREFIX)
     )
-    if offer is not None:
-        offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
     if is_stream and upstream.is_chunked:
         return RelayResponse(upstream, lease, path, response_headers, offer=offer)
     if offer is not None:
@@ -187,7 +188,6 @@ class RelayResponse(Response):
         self.init_headers(headers)
         self.upstream, self.lease, self.path, self.rewriter = upstream, lease, path, rewriter
         self.offer = offer
-        self._pending = b""
 
     async def _wire_chunks(self, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async for chunks in source:
@@ -196,26 +196,28 @@ class RelayResponse(Response):
             if chunks:
                 yield chunks
 
-    async def _handed_off(self, source: AsyncIterator[bytes]) -> bytes | None:
-        """After a handoff: the payload to end the body with once the worker wrote it,
-        or None when the worker relayed after all (its body then comes through `source`)."""
+    async def _handed_off(
+        self, source: AsyncIterator[bytes]
+    ) -> tuple[bytes | None, AsyncIterator[bytes]]:
+        """After a handoff: (the payload to end the body with, once the worker wrote it;
+        or None and the worker's body to relay, when it relayed after all)."""
         payload = b""
         async for chunks in source:
-            payload += uds_http.chunk_payloads(chunks)
+            payload += chunked.chunk_payloads(chunks)
             if len(payload) >= len(handoff.NOTE) or not handoff.NOTE.startswith(payload):
                 break
         if not payload.startswith(handoff.NOTE):
             handoff.stats["missed"] += 1
-            self._pending = payload
-            return None
+            # What was read is the start of the worker's body.
+            return None, _prepend(chunked.frame_chunk(payload), source) if payload else source
         handoff.stats["given"] += 1
         async for chunks in source:
-            payload += uds_http.chunk_payloads(chunks)
+            payload += chunked.chunk_payloads(chunks)
         frames = payload[len(handoff.NOTE) :]
         if frames and self.rewriter is not None:  # e.g. the finished response, stored first
-            frames = uds_http.chunk_payloads(self.rewriter(uds_http.frame_chunk(frames)))
+            frames = chunked.chunk_payloads(self.rewriter(chunked.frame_chunk(frames)))
             frames += self.rewriter.finish()
-        return frames
+        return frames, source
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         # A client that hangs up closes the upstream at once (the worker then
@@ -238,17 +240,15 @@ class RelayResponse(Response):
             tail = b""
             try:
                 if handed:
-                    frames = await self._handed_off(source)
+                    frames, source = await self._handed_off(source)
                     if frames is not None:
                         await send(
                             {"type": "http.response.body", "body": frames, "more_body": False}
                         )
                         return
-                    if self._pending:  # the worker relayed: what was read is its body's start
-                        source = _prepend(uds_http.frame_chunk(self._pending), source)
                 async for chunks in self._wire_chunks(source):
                     if transport is None:
-                        body = uds_http.chunk_payloads(chunks)
+                        body = chunked.chunk_payloads(chunks)
                         await send({"type": "http.response.body", "body": body, "more_body": True})
                         continue
                     if transport.is_closing():
