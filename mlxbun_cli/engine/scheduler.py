@@ -115,6 +115,7 @@ class _Active:
     admitted: float = 0.0
     first_token: float = 0.0
     uid: int | None = None
+    sent_early: bool = False  # its first token went out at admission (engine.first_token)
 
 
 class Scheduler:
@@ -129,6 +130,7 @@ class Scheduler:
         prefill_batch_size: int = 8,
         prefill_step_size: int = 2048,
         compiled_decode: bool = True,
+        fast_first_token: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -145,6 +147,7 @@ class Scheduler:
             prefill_step_size=prefill_step_size,
         )
         self._compiled_decode = compiled_decode
+        self._fast_first_token = fast_first_token
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
         self.prompt_cache: Any = None
@@ -206,7 +209,7 @@ class Scheduler:
         from mlx_lm.generate import BatchGenerator, StopSequences
         from mlx_lm.models.cache import LRUPromptCache
 
-        from mlxbun_cli.engine import batch_bias
+        from mlxbun_cli.engine import batch_bias, first_token
 
         self._mx = mx
         self._stop_sequences_cls = StopSequences
@@ -226,6 +229,7 @@ class Scheduler:
             model, stop_tokens=[[t] for t in eos], stream=stream, **self._batch_args
         )
         batch_bias.install(generator)
+        self._fast_first_token = self._fast_first_token and first_token.supported(generator)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -257,6 +261,7 @@ class Scheduler:
     def _admit(self, generator: Any) -> None:
         if self._inbox.empty():  # the common case, checked every step
             return
+        from mlxbun_cli.engine import first_token
         from mlxbun_cli.engine.sampling import make_request_processors, make_request_sampler
 
         while True:
@@ -289,6 +294,16 @@ class Scheduler:
                     logits_processors=[processors],
                     stop_sequences=[self._eos_stops],
                 )
+                started = None
+                # A lone request on an idle engine starts at once (see first_token).
+                if (
+                    self._fast_first_token
+                    and self._inbox.empty()
+                    and first_token.can_start(generator)
+                ):
+                    tic = time.perf_counter()
+                    started = first_token.start(generator)
+                    self.stats.busy_seconds += time.perf_counter() - tic
             except Exception as exc:
                 log.exception("could not admit request")
                 self._finish(item, "error", error=str(exc))
@@ -299,6 +314,9 @@ class Scheduler:
             self.stats.cached_tokens += cached
             item.uid = uid
             self._active[uid] = item
+            if started is not None and started.emit_now:
+                item.sent_early = True
+                self._send_token(item, started.token, started.logprobs, None)
             log.debug(
                 "admitted request %s: %d prompt tokens (%d cached), max %d, batch of %d",
                 item.handle.request_id,
@@ -342,25 +360,43 @@ class Scheduler:
             item = self._active.get(r.uid)
             if item is None:
                 continue
-            request = item.request
-            if not item.first_token:
-                item.first_token = now
-                item.usage.prompt_seconds = now - item.admitted
-            item.usage.completion_tokens += 1
-            self.stats.generated_tokens += 1
-            logprob = top = None
-            if request.want_logprobs or request.top_logprobs:
-                logprob, top = self._logprobs(r.logprobs, r.token, request.top_logprobs)
-            self._emit(item, TokenStep(r.token, logprob, top, r.finish_reason))
+            if item.sent_early:
+                # The generator reports the token sent at admission; start()
+                # only sends early a token that does not end the request.
+                item.sent_early = False
+                if r.finish_reason is None:
+                    continue
+            else:
+                self._send_token(item, r.token, r.logprobs, r.finish_reason, now)
             if r.finish_reason is not None:
                 del self._active[r.uid]
                 if r.prompt_cache is not None and r.all_tokens:
                     self.prompt_cache.insert_cache(
-                        request.cache_key, list(r.all_tokens), r.prompt_cache
+                        item.request.cache_key, list(r.all_tokens), r.prompt_cache
                     )
                 item.usage.generation_seconds = now - item.first_token
                 self.stats.completed += 1
                 self._finish(item, r.finish_reason)
+
+    def _send_token(
+        self,
+        item: _Active,
+        token: int,
+        logprobs: Any,
+        finish_reason: str | None,
+        now: float | None = None,
+    ) -> None:
+        now = time.perf_counter() if now is None else now
+        request = item.request
+        if not item.first_token:
+            item.first_token = now
+            item.usage.prompt_seconds = now - item.admitted
+        item.usage.completion_tokens += 1
+        self.stats.generated_tokens += 1
+        logprob = top = None
+        if request.want_logprobs or request.top_logprobs:
+            logprob, top = self._logprobs(logprobs, token, request.top_logprobs)
+        self._emit(item, TokenStep(token, logprob, top, finish_reason))
 
     def _logprobs(self, logprobs: Any, token: int, top_n: int) -> tuple[float, list | None]:
         mx = self._mx
