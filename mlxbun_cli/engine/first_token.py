@@ -111,6 +111,7 @@ def start(generator: Any) -> Started:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = sampler(logprobs)
         mx.eval(sampled, logprobs)
+        mx.clear_cache()  # as mlx-lm's prefill does: a long prompt's activations go back
         token = int(sampled.item())
 
         batch = _empty_batch(generator)
