@@ -70,6 +70,8 @@ def request_body(req: GenerationRequest, model: str | None) -> tuple[str, dict[s
         body["chat_template_kwargs"] = req.chat_template_kwargs
     if req.reasoning_effort:
         body["reasoning_effort"] = req.reasoning_effort
+    if req.thinking_budget:
+        body["thinking_budget"] = req.thinking_budget
     if req.logprobs:
         body["logprobs"] = True
         body["top_logprobs"] = req.top_logprobs

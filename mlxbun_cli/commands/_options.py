@@ -106,6 +106,16 @@ ReasoningEffort = Annotated[
         rich_help_panel="Thinking",
     ),
 ]
+ThinkingBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--thinking-budget",
+        min=1,
+        metavar="TOKENS",
+        help="End the model's thinking after this many tokens, then answer.",
+        rich_help_panel="Thinking",
+    ),
+]
 Adapter = Annotated[
     str | None,
     typer.Option("--adapter", help="Path to a LoRA adapter directory.", rich_help_panel="Model"),
@@ -173,6 +183,7 @@ SAMPLING_PARAMS = (
     "stop",
     "think",
     "reasoning_effort",
+    "thinking_budget",
 )
 
 
@@ -198,6 +209,7 @@ def sampling_fields(
     stop,
     think,
     reasoning_effort,
+    thinking_budget,
 ) -> dict:
     """CLI flags → GenerationRequest keyword arguments."""
     from mlxbun_cli.errors import OptionError
@@ -230,4 +242,5 @@ def sampling_fields(
         stop=list(stop or []),
         chat_template_kwargs=kwargs,
         reasoning_effort=reasoning_effort,
+        thinking_budget=thinking_budget,
     )

@@ -35,6 +35,7 @@ def chat(
     stop: o.Stop = None,
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
+    thinking_budget: o.ThinkingBudget = None,
     adapter: o.Adapter = None,
     json_schema: o.JsonSchemaFile = None,
     tools: o.ToolsFile = None,

@@ -63,6 +63,7 @@ def generate(
     stop: o.Stop = None,
     think: o.Think = None,
     reasoning_effort: o.ReasoningEffort = None,
+    thinking_budget: o.ThinkingBudget = None,
     adapter: o.Adapter = None,
     json_schema: o.JsonSchemaFile = None,
     tools: o.ToolsFile = None,

@@ -19,7 +19,7 @@ from typing import Any
 from mlxbun_cli.engine.loader import LoadedModel
 from mlxbun_cli.engine.types import EngineRequest, Finished, TokenStep
 from mlxbun_cli.errors import AdmissionError, OptionError
-from mlxbun_cli.prep import grammar
+from mlxbun_cli.prep import grammar, thinking_budget
 from mlxbun_cli.prep import options as opts
 from mlxbun_cli.prep.events import (
     Done,
@@ -133,6 +133,19 @@ def prepare(
         processor, warning = grammar.compile_constraint(loaded, constraints[0])
         processors = [processor] if processor is not None else []
         warnings += [warning] if warning else []
+    split_thinking = req.messages is not None and bool(getattr(tokenizer, "has_thinking", False))
+    if req.thinking_budget and req.messages is not None and thinking is not False:
+        if processors:
+            budget, warning = None, "thinking budget ignored: the output is constrained"
+        elif split_thinking:
+            budget, warning = thinking_budget.for_request(
+                tokenizer, req.thinking_budget, start_in_thinking, len(tokens)
+            )
+        else:
+            budget, warning = None, "thinking budget ignored: this model does not think"
+        # Request processors run after the penalty ones: a bias cannot undo the forced end.
+        processors += [budget] if budget is not None else []
+        warnings += [warning] if warning else []
     engine_request = EngineRequest(
         prompt_tokens=tokens,
         max_tokens=max_tokens,
@@ -147,7 +160,7 @@ def prepare(
         engine_request=engine_request,
         stops=list(req.stop),
         start_in_thinking=start_in_thinking,
-        split_thinking=req.messages is not None and bool(getattr(tokenizer, "has_thinking", False)),
+        split_thinking=split_thinking,
         tools=tools,
         enable_thinking=thinking,
         prompt_text=text,

@@ -37,6 +37,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_effort: str | None = None
+    thinking_budget: int | None = None  # most tokens a reply may spend thinking
     session_id: str | None = None
     tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...}
     response_format: dict[str, Any] | None = None  # OpenAI chat response_format
@@ -88,6 +89,7 @@ def validate(req: GenerationRequest) -> None:
     _check_range("frequency_penalty", req.frequency_penalty, -2, 2)
     _check_range("seed", req.seed, None, None, int)
     _check_range("top_logprobs", req.top_logprobs, 0, 20, int)
+    _check_range("thinking_budget", req.thinking_budget, 1, None, int)
     if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
         raise OptionError("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
     explicit = req.explicit_thinking

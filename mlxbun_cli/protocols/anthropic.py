@@ -302,10 +302,10 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, A
     return tools, {"type": "function", "function": {"name": name}}
 
 
-def _thinking(value: Any) -> tuple[dict[str, Any], bool]:
-    """→ (chat_template_kwargs, omit_thinking)."""
+def _thinking(value: Any) -> tuple[dict[str, Any], bool, int | None]:
+    """→ (chat_template_kwargs, omit_thinking, thinking budget)."""
     if value is None:
-        return {}, False
+        return {}, False, None
     config = _object(value, "thinking")
     kind = config.get("type")
     display = config.get("display")
@@ -317,12 +317,11 @@ def _thinking(value: Any) -> tuple[dict[str, Any], bool]:
             raise WireError(
                 "thinking.budget_tokens must be a positive integer", "thinking.budget_tokens"
             )
-        # The budget is not enforced: the template's switch is on or off.
-        return {"enable_thinking": True}, display == "omitted"
+        return {"enable_thinking": True}, display == "omitted", int(budget)
     if kind == "disabled":
-        return {"enable_thinking": False}, False
+        return {"enable_thinking": False}, False, None
     if kind == "adaptive":
-        return {}, display == "omitted"  # the model decides: its own default
+        return {}, display == "omitted", None  # the model decides: its own default
     raise WireError("thinking.type must be enabled, disabled or adaptive", "thinking.type")
 
 
@@ -391,7 +390,7 @@ def parse_messages(body: Any, *, count_only: bool = False) -> MessagesRequest:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise WireError("stream must be a boolean", "stream")
-    kwargs, omit_thinking = _thinking(body.get("thinking"))
+    kwargs, omit_thinking, budget = _thinking(body.get("thinking"))
     tools, tool_choice = _tool_choice(body.get("tool_choice"), _tools(body.get("tools")))
     # `metadata` (user_id) and the hosted-service fields are accepted and ignored.
     request = GenerationRequest(
@@ -400,6 +399,7 @@ def parse_messages(body: Any, *, count_only: bool = False) -> MessagesRequest:
         max_tokens=_max_tokens(body, required=not count_only),
         stop=_stop_sequences(body.get("stop_sequences")),
         chat_template_kwargs=kwargs,
+        thinking_budget=budget,
         tool_choice=tool_choice,
         response_format=_output_format(body.get("output_config")),
         **_sampling(body),

@@ -120,8 +120,12 @@ def parse_chat(body: Any) -> tuple[str | None, GenerationRequest, bool, bool]:
     top = body.get("top_logprobs")
     if top is not None and not is_int(top):
         raise WireError("top_logprobs must be an integer", "top_logprobs")
+    budget = body.get("thinking_budget")  # an mlxbun extension, as Anthropic's budget_tokens
+    if budget is not None and not (is_int(budget) and budget >= 1):
+        raise WireError("thinking_budget must be a positive integer", "thinking_budget")
     req = GenerationRequest(
         messages=_messages(body.get("messages")),
+        thinking_budget=budget,
         tools=tools,
         chat_template_kwargs=dict(kwargs or {}),
         reasoning_effort=effort,

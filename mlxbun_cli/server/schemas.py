@@ -86,6 +86,11 @@ CHAT_BODY = _body(
                 "enum": ["none", "minimal", "low", "medium", "high", "xhigh"],
             },
             "chat_template_kwargs": {"type": "object"},
+            "thinking_budget": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "mlxbun extension: most tokens the reply may spend thinking",
+            },
         },
     }
 )
