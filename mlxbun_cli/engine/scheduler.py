@@ -7,6 +7,7 @@ callback from the scheduler thread; cancellation takes effect at the next step.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import itertools
 import logging
@@ -136,6 +137,9 @@ class Scheduler:
         self.tokenizer = tokenizer
         self.stats = SchedulerStats()
         self._inbox: queue.SimpleQueue[_Active] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Callable, concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
         self._wake = threading.Event()
         self._cancel_pending = threading.Event()
         self._stop = threading.Event()
@@ -174,6 +178,16 @@ class Scheduler:
         events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         handle = self.submit(request, events.put)
         return handle, EventStream(handle, events)
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the engine thread between two steps (other model work, e.g.
+        embeddings, must not run beside a step); its result or error goes to the future."""
+        if self._stop.is_set():
+            raise RuntimeError("scheduler is shut down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        self._wake.set()
+        return future
 
     @property
     def queue_depth(self) -> int:
@@ -233,6 +247,7 @@ class Scheduler:
         self._ready.set()
         try:
             while not self._stop.is_set():
+                self._run_calls()
                 self._admit(generator)
                 self._reap_cancelled(generator)
                 if not self._active:
@@ -250,6 +265,10 @@ class Scheduler:
                 self._dispatch(gen_responses)
         finally:
             self._fail_all(generator, "engine shut down", reason="cancelled")
+            while not self._calls.empty():
+                future = self._calls.get_nowait()[1]
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(RuntimeError("engine shut down"))
             generator.close()
             # Arrays made on this thread's stream die on this thread (as
             # mlx-lm's server does); otherwise exit can abort in mlx's teardown.
@@ -257,6 +276,20 @@ class Scheduler:
             del generator
             gc.collect()
             release_streams()
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            fn, future = self._calls.get_nowait()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                tic = time.perf_counter()
+                result = fn()
+                self.stats.busy_seconds += time.perf_counter() - tic
+            except Exception as exc:  # the caller gets it; the engine goes on
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
     def _admit(self, generator: Any) -> None:
         if self._inbox.empty():  # the common case, checked every step

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from mlxbun_cli.engine.types import Usage
@@ -336,6 +339,69 @@ def completion_chunk(
                 "logprobs": completion_logprobs(logprobs) if logprobs else None,
             }
         ],
+    }
+
+
+MAX_EMBEDDING_INPUTS = 2048
+ENCODING_FORMATS = ("float", "base64")
+
+
+@dataclass
+class EmbeddingsRequest:
+    model: str | None
+    inputs: list[str | list[int]]  # texts, or token-id arrays
+    encoding_format: str
+    dimensions: int | None
+
+
+def parse_embeddings(body: Any) -> EmbeddingsRequest:
+    body = _require_object(body)
+    raw = body.get("input")
+    if isinstance(raw, str) or (isinstance(raw, list) and raw and all(is_int(t) for t in raw)):
+        items: list[Any] = [raw]  # one text, or one array of token ids
+    elif isinstance(raw, list):
+        items = raw
+    else:
+        raise WireError(
+            "input must be a string, an array of strings, or an array of token-id arrays", "input"
+        )
+    if not items:
+        raise WireError("input must not be empty", "input")
+    if len(items) > MAX_EMBEDDING_INPUTS:
+        raise WireError(f"input has {len(items)} items; at most {MAX_EMBEDDING_INPUTS}", "input")
+    for i, item in enumerate(items):
+        text = isinstance(item, str) and item != ""
+        ids = isinstance(item, list) and item and all(is_int(t) for t in item)
+        if not (text or ids):
+            raise WireError(
+                f"input[{i}] must be a non-empty string or a non-empty array of token ids", "input"
+            )
+    fmt = body.get("encoding_format")
+    fmt = "float" if fmt is None else fmt
+    if fmt not in ENCODING_FORMATS:
+        raise WireError("encoding_format must be float or base64", "encoding_format")
+    dims = body.get("dimensions")
+    if dims is not None and not (is_int(dims) and dims >= 1):
+        raise WireError("dimensions must be a positive integer", "dimensions")
+    return EmbeddingsRequest(_model(body), items, fmt, dims)
+
+
+def embeddings_response(
+    model: str, vectors: list[list[float]], prompt_tokens: int, encoding_format: str
+) -> dict[str, Any]:
+    def encode(vector: list[float]) -> Any:
+        if encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+            return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        return vector
+
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode(v)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
 
 

@@ -30,12 +30,18 @@ from mlxbun_cli.server.parent_responses import build_responses_router
 from mlxbun_cli.server.proxy import forward, open_upstream
 from mlxbun_cli.server.residency import AdmissionError, ModelRouter
 from mlxbun_cli.server.responses_store import ResponseStore
-from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
+from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY, EMBEDDINGS_BODY
 from mlxbun_cli.server.state import ServeOptions
 from mlxbun_cli.server.supervisor import EngineUnavailable
 
 # Generation routes the workers answer; everything else is the parent's.
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
+PROXIED = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/embeddings",
+)
 
 
 class ParentCounters:
@@ -99,7 +105,13 @@ def build_router(
 
     api.include_router(build_responses_router(store, lease_for, send))
 
-    bodies = (CHAT_BODY, COMPLETION_BODY, anthropic.MESSAGES_BODY, anthropic.COUNT_TOKENS_BODY)
+    bodies = (
+        CHAT_BODY,
+        COMPLETION_BODY,
+        anthropic.MESSAGES_BODY,
+        anthropic.COUNT_TOKENS_BODY,
+        EMBEDDINGS_BODY,
+    )
     for route, extra in zip(PROXIED, bodies, strict=True):
         api.add_api_route(
             route,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -12,13 +13,16 @@ from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.catalog import known_models
 from mlxbun_cli.client.results import Collected
+from mlxbun_cli.engine import embeddings
+from mlxbun_cli.errors import OptionError
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob, ToolCallEvent
+from mlxbun_cli.prep.templates import encode_prompt
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
 from mlxbun_cli.server.bridge import guard_stream, stream_events
 from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response
-from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY
+from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY, EMBEDDINGS_BODY
 from mlxbun_cli.server.state import ServerState
 
 router = APIRouter()
@@ -251,6 +255,67 @@ async def chat_completions(request: Request) -> Response:
 )
 async def completions(request: Request) -> Response:
     return await _generate(request, wire.parse_completion, _completion_full, _completion_stream)
+
+
+@router.post(
+    "/v1/embeddings",
+    openapi_extra=EMBEDDINGS_BODY,
+    summary="Embeddings: the model's final hidden states, mean-pooled (OpenAI wire)",
+)
+async def create_embeddings(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxbun
+    parsed = wire.parse_embeddings(await read_json(request))
+    not_ready = ready_or_error(state)
+    if not_ready is not None:
+        return not_ready
+    state.counters.requests += 1
+    loaded = state.loaded
+    if embeddings.backbone(loaded.model) is None:
+        raise WireError(f"{loaded.id} has no transformer backbone to take embeddings from")
+    token_lists = [_embedding_tokens(loaded, item, i) for i, item in enumerate(parsed.inputs)]
+    # One engine call per input: decode steps of running requests go on in between.
+    calls = [
+        asyncio.wrap_future(
+            loaded.scheduler.call(lambda t=t: embeddings.embed_one(loaded.model, t))
+        )
+        for t in token_lists
+    ]
+    vectors = await asyncio.gather(*calls)
+    size = len(vectors[0])
+    if parsed.dimensions is not None and parsed.dimensions != size:
+        raise WireError(
+            f"dimensions must be {size} for this model (its hidden size): "
+            "its embeddings cannot be shortened",
+            "dimensions",
+        )
+    used = sum(len(t) for t in token_lists)
+    return JSONResponse(wire.embeddings_response(loaded.id, vectors, used, parsed.encoding_format))
+
+
+def _embedding_tokens(loaded: Any, item: str | list[int], index: int) -> list[int]:
+    where = f"input[{index}]"
+    if isinstance(item, str):
+        try:
+            tokens = encode_prompt(loaded.tokenizer, item)
+        except OptionError as exc:
+            raise WireError(f"{where} {str(exc).removeprefix('prompt: ')}", "input") from exc
+    else:
+        vocab = loaded.vocab_size
+        bad = next((t for t in item if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise WireError(
+                f"{where} has token id {bad}, outside the vocabulary (0-{vocab - 1})", "input"
+            )
+        tokens = [int(t) for t in item]
+    if not tokens:
+        raise WireError(f"{where} encodes to no tokens", "input")
+    if loaded.context_length and len(tokens) > loaded.context_length:
+        raise WireError(
+            f"{where} is {len(tokens)} tokens, more than the model's "
+            f"{loaded.context_length}-token context",
+            "input",
+        )
+    return tokens
 
 
 def _model_entry(model_id: str, state: ServerState, created: int) -> dict[str, Any]:

@@ -106,3 +106,32 @@ COMPLETION_BODY = _body(
         },
     }
 )
+
+EMBEDDINGS_BODY = _body(
+    {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                ]
+            },
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+            "user": {"type": "string"},
+        },
+    }
+)
