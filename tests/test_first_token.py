@@ -171,3 +171,33 @@ def test_an_unfamiliar_generator_keeps_the_stock_path(broken):
         if name != broken:
             setattr(generator, name, None)
     assert not first_token.supported(generator)
+
+
+def test_prompts_longer_than_one_prefill_chunk_keep_the_stock_path(tiny_loaded, monkeypatch):
+    starts = []
+    real_start = first_token.start
+    monkeypatch.setattr(first_token, "start", lambda g: starts.append(1) or real_start(g))
+
+    def run(fast: bool, prompt_length: int) -> list:
+        scheduler = Scheduler(
+            tiny_loaded.model, tiny_loaded.tokenizer, prefill_step_size=8, fast_first_token=fast
+        )
+        try:
+            request = EngineRequest(
+                list(range(3, 3 + prompt_length)), max_tokens=6, penalties=_no_eos(tiny_loaded)
+            )
+            return _collect(scheduler.stream(request)[1])["steps"]
+        finally:
+            scheduler.close()
+
+    assert run(True, 9) == run(False, 9) and len(starts) == 1  # one chunk and a step: fast
+    assert run(True, 10) == run(False, 10) and len(starts) == 1  # chunk by chunk, as mlx-lm
+
+
+def test_the_fast_start_can_be_turned_off(tiny_loaded, monkeypatch):
+    monkeypatch.setenv("MLXBUN_FAST_FIRST_TOKEN", "0")
+    scheduler = Scheduler(tiny_loaded.model, tiny_loaded.tokenizer)
+    try:
+        assert scheduler._fast_first_token is False
+    finally:
+        scheduler.close()

@@ -37,13 +37,17 @@ def _tokens(loaded, req: GenerationRequest) -> list[int]:
     return [e.token for e in events if isinstance(e, TokenStep)]
 
 
-def test_the_budget_ends_each_thinking_block(tiny_loaded):
+def test_the_budget_ends_the_thinking_block(tiny_loaded, monkeypatch):
+    def no_reads(*args):
+        raise AssertionError("one-token markers must not wait for the step in flight")
+
+    monkeypatch.setattr(thinking_budget.ThinkingBudget, "_after_reading", no_reads)
     assert tiny_loaded.tokenizer.think_start_tokens == (THINK,)
     assert tiny_loaded.tokenizer.think_end_tokens == (END_THINK,)
     assert _tokens(tiny_loaded, _always_think(None)) == [THINK] * 12
-    # <think> opens the block, three tokens think, </think> is forced; a block
-    # opened again has no budget left and is closed at once.
-    assert _tokens(tiny_loaded, _always_think(3)) == [THINK] * 4 + [END_THINK, THINK] * 4
+    # <think> opens the block, three tokens think, </think> is forced; only
+    # that first block is policed.
+    assert _tokens(tiny_loaded, _always_think(3)) == [THINK] * 4 + [END_THINK] + [THINK] * 7
 
 
 def test_the_budget_ignores_a_bias_against_the_end_marker(tiny_loaded):
@@ -52,35 +56,41 @@ def test_the_budget_ignores_a_bias_against_the_end_marker(tiny_loaded):
     assert _tokens(tiny_loaded, req)[:4] == [THINK, THINK, THINK, END_THINK]
 
 
-def _feed(processor, history: list[int], vocab: int = 16) -> int | None:
-    """The token the processor forces after `history`, or None when it leaves logits alone."""
-    logits = mx.zeros((1, vocab))
-    out = processor(mx.array(history, dtype=mx.int32), logits)
-    if out is logits:
-        return None
-    assert out.shape == logits.shape
-    allowed = [i for i, v in enumerate(out[0].tolist()) if v == 0]
-    assert len(allowed) == 1
-    return allowed[0]
+def _drive(processor, prompt: list[int], wants: list[int], vocab: int = 16) -> list[int]:
+    """Generate as mlx-lm and the scheduler do: each call sees every token so far,
+    but the newest has not been observed yet (it is still being computed)."""
+    out: list[int] = []
+    for want in wants:
+        logits = mx.zeros((1, vocab))
+        result = processor(mx.array(prompt + out, dtype=mx.int32), logits)
+        row = result[0].tolist()
+        forced = [i for i, v in enumerate(row) if v == 0] if min(row) < 0 else None
+        assert forced is None or len(forced) == 1
+        token = forced[0] if forced else want
+        if out:
+            processor.observe(out[-1])
+        out.append(token)
+    return out
 
 
-def test_multi_token_markers_and_a_template_that_opens_thinking():
-    prompt = [1, 2]
-    # Opened by the template: counting starts at the first generated token.
-    p = thinking_budget.ThinkingBudget(2, (5, 6), (7, 8), in_thinking=True, prompt_length=2)
-    assert _feed(p, prompt) is None
-    assert _feed(p, prompt + [3]) is None
-    assert _feed(p, prompt + [3, 4]) == 7  # budget spent: the end marker, token by token
-    assert _feed(p, prompt + [3, 4, 7]) == 8
-    assert _feed(p, prompt + [3, 4, 7, 8]) is None and not p.in_thinking
-    # A new block (its two-token start marker) has no budget left.
-    assert _feed(p, prompt + [3, 4, 7, 8, 9, 5]) is None
-    assert _feed(p, prompt + [3, 4, 7, 8, 9, 5, 6]) == 7
-    # A model that closes its thinking itself is left alone.
-    q = thinking_budget.ThinkingBudget(5, (5,), (7,), in_thinking=False, prompt_length=2)
-    for step in ([5], [5, 3], [5, 3, 7], [5, 3, 7, 4, 4, 4, 4, 4, 4]):
-        assert _feed(q, prompt + step) is None
-    assert q.used == 1 and not q.in_thinking
+def test_markers_of_one_or_more_tokens():
+    budget = thinking_budget.ThinkingBudget
+    # One-token markers, opened by the model: decided without reading the newest token.
+    p = budget(2, (5,), (7,), in_thinking=False, prompt_length=2)
+    assert _drive(p, [1, 2], [5, 3, 3, 3, 3, 5, 3, 3]) == [5, 3, 3, 7, 3, 5, 3, 3]
+    assert p.state.retired  # a second block is not policed
+    # A model that ends its thinking in time is left alone.
+    p = budget(3, (5,), (7,), in_thinking=False, prompt_length=2)
+    assert _drive(p, [1, 2], [5, 3, 7, 4, 4, 4, 4]) == [5, 3, 7, 4, 4, 4, 4]
+    # Opened by the template; the newest token is the end marker just in time.
+    p = budget(2, (5,), (7,), in_thinking=True, prompt_length=2)
+    assert _drive(p, [1, 2], [3, 7, 4, 4]) == [3, 7, 4, 4]
+    # Two-token markers: forced token by token.
+    p = budget(2, (5, 6), (7, 8), in_thinking=True, prompt_length=2)
+    assert _drive(p, [1, 2], [3, 4, 9, 9, 9]) == [3, 4, 7, 8, 9]
+    # Part of the end marker already out when the budget runs out: finished, not restarted.
+    p = budget(2, (5,), (7, 8, 9), in_thinking=True, prompt_length=2)
+    assert _drive(p, [1, 2], [3, 7, 4, 4, 4, 4]) == [3, 7, 8, 9, 4, 4]
 
 
 def test_requests_that_cannot_use_a_budget_say_so(tiny_loaded):
@@ -95,6 +105,9 @@ def test_requests_that_cannot_use_a_budget_say_so(tiny_loaded):
     assert constrained.warnings == ["thinking budget ignored: the output is constrained"]
     off = prepare(tiny_loaded, _always_think(3, chat_template_kwargs={"enable_thinking": False}))
     assert off.warnings == [] and off.engine_request.logits_processors == []
+    unreachable = prepare(tiny_loaded, _always_think(12))  # max_tokens is 12
+    assert unreachable.engine_request.logits_processors == []
+    assert len(prepare(tiny_loaded, _always_think(11)).engine_request.logits_processors) == 1
     with pytest.raises(OptionError) as err:
         prepare(tiny_loaded, _always_think(0))
     assert err.value.field == "thinking_budget"
@@ -116,7 +129,7 @@ def test_the_wires_carry_the_budget():
 
 
 def _generate(model: str, *extra: str) -> dict:
-    args = ["generate", model, "Why?", "--think", "--thinking-budget", "2", "--max-tokens", "8"]
+    args = ["generate", model, "Why?", "--think", "--thinking-budget", "2", "--max-tokens", "4"]
     args += ["--logit-bias", f"{THINK}=100", "--logit-bias", f"{EOS}=-100", "--json", *extra]
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr

@@ -5,14 +5,16 @@ first token: prefill all but the last prompt token; run that last token as a
 one-row decode step (which samples the first token); then one more decode
 step, whose graph is built before the first token is read back. When the
 generator is idle and one request arrives (a single user, the common case)
-`start` prefills the whole prompt in one model call, samples the first token
-from its last position with the request's own processors and sampler, and
-hands the generator a decode batch that continues from there. The tokens are
-the same as mlx-lm's path; the first one comes a model call and a graph build
-sooner, and it is returned so the scheduler can send it at once.
+`start` prefills the prompt and samples the first token from its last
+position in one evaluation, with the request's own processors and sampler,
+and hands the generator a decode batch that continues from there. The tokens
+are the same as mlx-lm's path; the first one comes a model call and a graph
+build sooner, and it is returned so the scheduler can send it at once.
 
-Anything else (requests arriving together, a busy batch, an mlx-lm whose
-internals differ from the ones read here) keeps mlx-lm's own path.
+Anything else keeps mlx-lm's own path: requests arriving together, a busy
+batch, a prompt longer than one prefill chunk (mlx-lm's path takes it chunk
+by chunk, so a cancel or a newcomer is seen in between), an mlx-lm whose
+internals differ from the ones read here, or MLXBUN_FAST_FIRST_TOKEN=0.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def supported(generator: Any) -> bool:
 
 
 def can_start(generator: Any) -> bool:
-    """True when `generator` is idle but for one request just inserted."""
+    """True when `generator` is idle but for one request just inserted, whose
+    prompt takes mlx-lm's path at most one prefill chunk and one step: a longer
+    one goes chunk by chunk there, so a cancel or a newcomer is seen in between."""
     pending = generator._unprocessed_sequences
     return (
         len(pending) == 1
@@ -70,6 +74,7 @@ def can_start(generator: Any) -> bool:
         and len(generator._generation_batch) == 0
         and len(generator._prompt_batch) == 0
         and not generator._currently_processing
+        and sum(len(segment) for segment in pending[0][1]) <= generator.prefill_step_size + 1
     )
 
 
@@ -92,16 +97,10 @@ def start(generator: Any) -> Started:
     with mx.stream(generator._stream):
         batch_cache = _merge_caches([cache])
         tokens = mx.array([prompt])
-        chunk = generator.prefill_step_size
-        while tokens.shape[1] > chunk + 1:
-            model(tokens[:, :chunk], cache=batch_cache)
-            mx.eval([c.state for c in batch_cache])
-            mx.clear_cache()
-            tokens = tokens[:, chunk:]
         # The last token gets its own call: a model's logits cover every
         # position it is given, and only the last one is wanted. The earlier
         # call's logits are never evaluated, so they cost nothing.
-        if tokens.shape[1] > 1:
+        if len(prompt) > 1:
             model(tokens[:, :-1], cache=batch_cache)
         logits = model(tokens[:, -1:], cache=batch_cache)[:, -1, :]
         if processors:
@@ -111,7 +110,8 @@ def start(generator: Any) -> Started:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = sampler(logprobs)
         mx.eval(sampled, logprobs)
-        mx.clear_cache()  # as mlx-lm's prefill does: a long prompt's activations go back
+        if len(prompt) > 1:
+            mx.clear_cache()  # as mlx-lm's prefill does: the activations go back
         token = int(sampled.item())
 
         batch = _empty_batch(generator)

@@ -11,6 +11,7 @@ import concurrent.futures
 import gc
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -117,6 +118,8 @@ class _Active:
     first_token: float = 0.0
     uid: int | None = None
     sent_early: bool = False  # its first token went out at admission (engine.first_token)
+    # Processors that follow the tokens as they come out (prep/thinking_budget.py).
+    observers: list[Any] = field(default_factory=list)
 
 
 class Scheduler:
@@ -131,7 +134,7 @@ class Scheduler:
         prefill_batch_size: int = 8,
         prefill_step_size: int = 2048,
         compiled_decode: bool = True,
-        fast_first_token: bool = True,
+        fast_first_token: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -151,6 +154,8 @@ class Scheduler:
             prefill_step_size=prefill_step_size,
         )
         self._compiled_decode = compiled_decode
+        if fast_first_token is None:  # an escape hatch, should mlx-lm's internals move
+            fast_first_token = os.environ.get("MLXBUN_FAST_FIRST_TOKEN", "1") != "0"
         self._fast_first_token = fast_first_token
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
@@ -318,6 +323,7 @@ class Scheduler:
                 sampler = make_request_sampler(request.sampling, self._special)
                 processors = make_request_processors(request.penalties)
                 processors += list(request.logits_processors)
+                item.observers = [p for p in processors if hasattr(p, "observe")]
                 (uid,) = generator.insert(
                     [rest],
                     max_tokens=[request.max_tokens],
@@ -426,6 +432,8 @@ class Scheduler:
             item.usage.prompt_seconds = now - item.admitted
         item.usage.completion_tokens += 1
         self.stats.generated_tokens += 1
+        for observer in item.observers:
+            observer.observe(token)
         logprob = top = None
         if request.want_logprobs or request.top_logprobs:
             logprob, top = self._logprobs(logprobs, token, request.top_logprobs)

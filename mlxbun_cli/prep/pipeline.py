@@ -134,7 +134,9 @@ def prepare(
         processors = [processor] if processor is not None else []
         warnings += [warning] if warning else []
     split_thinking = req.messages is not None and bool(getattr(tokenizer, "has_thinking", False))
-    if req.thinking_budget and req.messages is not None and thinking is not False:
+    # A budget of max_tokens or more can never be reached: no processor then.
+    wants_budget = req.thinking_budget is not None and req.thinking_budget < max_tokens
+    if wants_budget and req.messages is not None and thinking is not False:
         if processors:
             budget, warning = None, "thinking budget ignored: the output is constrained"
         elif split_thinking:
