@@ -31,12 +31,15 @@ def run_piped(backend: Backend, session: ChatSession, stdin: TextIO) -> None:
                 return
             continue
         collected = Collected()
-        for event in backend.stream(session.request_for(text)):
+        stream = backend.stream(session.request_for(text))
+        for event in stream:
             collected.add(event)
             if isinstance(event, TextDelta):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
         _raise_if_failed(collected)
+        for warning in stream.warnings:
+            ui.warn(warning)
         sys.stdout.write("\n")
         sys.stdout.flush()
         session.record(text, collected)
@@ -115,6 +118,8 @@ def reply_interactive(backend: Backend, session: ChatSession, text: str) -> None
             for event in stream:  # drain to the final event so usage is known
                 collected.add(event)
         live.update(_render(collected.reasoning, collected.text, session.show_thinking, True))
+    for warning in stream.warnings:
+        ui.warn(warning)
     for call in collected.tool_calls:
         from rich.panel import Panel
 

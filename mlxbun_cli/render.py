@@ -77,6 +77,8 @@ def stream_plain(events: Iterable[OutputEvent], *, show_stats: bool = True) -> C
     if result.text and not result.text.endswith("\n"):
         out.write("\n")
         out.flush()
+    for warning in getattr(events, "warnings", ()):
+        ui.warn(warning)
     done = result.done
     if done and done.finish_reason == "error":
         from mlxbun_cli.errors import GenerationError
@@ -93,4 +95,7 @@ def print_result_json(info: ModelInfo, events: Iterable[OutputEvent]) -> None:
         result.add(event)
     data = result.as_dict(info.id)
     data["demo"] = info.is_demo
+    warnings = list(getattr(events, "warnings", ()))
+    if warnings:
+        data["warnings"] = warnings
     ui.print_json(data)

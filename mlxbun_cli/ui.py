@@ -80,6 +80,11 @@ def note(message: str) -> None:
         err_console().print(f"[muted]{escape(message)}[/muted]")
 
 
+def warn(message: str) -> None:
+    """A warning on stderr: the run goes on, but not quite as asked."""
+    err_console().print(f"[warn]warning:[/warn] {escape(message)}")
+
+
 def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 

@@ -154,3 +154,17 @@ def test_anthropic_sdk_request_with_a_budget(server):
         messages=[{"role": "user", "content": "Why is the sky blue?"}],
     )
     assert message.usage.output_tokens <= 16 and message.stop_reason in ("end_turn", "max_tokens")
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_the_cli_says_when_a_budget_is_ignored(tiny_model_dir, server, tmp_path, where):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    args = ["generate", str(tiny_model_dir), "Why?", "--think", "--thinking-budget", "2"]
+    args += ["--json-schema", str(schema), "--max-tokens", "4"]
+    args += ["--local"] if where == "local" else ["--remote", server.url]
+    plain = run_cli(*args)
+    assert plain.returncode == 0, plain.stderr
+    assert "warning: thinking budget ignored: the output is constrained" in plain.stderr
+    data = json.loads(run_cli(*args, "--json").stdout)
+    assert data["warnings"] == ["thinking budget ignored: the output is constrained"]

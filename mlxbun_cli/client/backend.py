@@ -23,6 +23,10 @@ class ModelInfo:
 
 
 class Stream(Protocol):
+    # What the request was given that it did not use (an uncompilable schema,
+    # an unusable thinking budget); complete once iteration has started.
+    warnings: list[str]
+
     def __iter__(self) -> Iterator[OutputEvent]: ...
     def cancel(self) -> None: ...
 

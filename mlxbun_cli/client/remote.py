@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -105,6 +106,14 @@ def seed_from(fingerprint: Any) -> int | None:
     return None
 
 
+_WARNING = re.compile(r'299 mlxbun "([^"]*)"')  # the server drops quotes inside
+
+
+def warnings_from(header: str | None) -> list[str]:
+    """The server's `Warning: 299 mlxbun "..."` texts (routes_openai.prepared_headers)."""
+    return _WARNING.findall(header or "")
+
+
 class RemoteStream:
     def __init__(self, backend: RemoteBackend, path: str, body: dict[str, Any]) -> None:
         self._backend = backend
@@ -113,6 +122,7 @@ class RemoteStream:
         self._cancelled = threading.Event()
         self._response: Any = None
         self._started = False
+        self.warnings: list[str] = []
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -145,6 +155,7 @@ class RemoteStream:
                 if response.status_code >= 400:
                     response.read()
                     raise _http_error(response)
+                self.warnings = warnings_from(response.headers.get("warning"))
                 for line in response.iter_lines():
                     if self._cancelled.is_set():
                         break

@@ -289,6 +289,7 @@ class Generation:
 
     def __init__(self, loaded: LoadedModel, prepared: PreparedRequest) -> None:
         self.prepared = prepared
+        self.warnings = list(prepared.warnings)
         self.processor = OutputProcessor(loaded, prepared)
         self._handle, self._steps = loaded.scheduler.stream(prepared.engine_request)
 
@@ -319,6 +320,7 @@ class DeferredGeneration:
 
     def __init__(self, loaded: LoadedModel, prepared: PreparedRequest) -> None:
         self.prepared = prepared
+        self.warnings = list(prepared.warnings)
         self.processor = OutputProcessor(loaded, prepared)
         self._steps: list[Any] = []
         self._finished = threading.Event()
