@@ -46,6 +46,13 @@ class ChatSession:
     messages: list[dict[str, Any]] = field(default_factory=list)
     show_thinking: bool = True
     turns: list[TurnStats] = field(default_factory=list)
+    warned: set[str] = field(default_factory=set)  # warnings already shown this session
+
+    def new_warnings(self, warnings: list[str]) -> list[str]:
+        """The ones not shown yet: the same flags earn the same warning every turn."""
+        fresh = [w for w in warnings if w not in self.warned]
+        self.warned.update(fresh)
+        return fresh
 
     def request_for(self, user_text: str) -> GenerationRequest:
         messages = [{"role": "system", "content": self.system}] if self.system else []

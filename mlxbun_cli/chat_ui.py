@@ -37,11 +37,11 @@ def run_piped(backend: Backend, session: ChatSession, stdin: TextIO) -> None:
             if isinstance(event, TextDelta):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-        _raise_if_failed(collected)
-        for warning in stream.warnings:
-            ui.warn(warning)
         sys.stdout.write("\n")
         sys.stdout.flush()
+        for warning in session.new_warnings(stream.warnings):
+            ui.warn(warning)
+        _raise_if_failed(collected)
         session.record(text, collected)
 
 
@@ -118,7 +118,7 @@ def reply_interactive(backend: Backend, session: ChatSession, text: str) -> None
             for event in stream:  # drain to the final event so usage is known
                 collected.add(event)
         live.update(_render(collected.reasoning, collected.text, session.show_thinking, True))
-    for warning in stream.warnings:
+    for warning in session.new_warnings(stream.warnings):
         ui.warn(warning)
     for call in collected.tool_calls:
         from rich.panel import Panel

@@ -96,3 +96,92 @@ def test_bad_embedding_requests_are_400s_naming_the_field(server, body, param, s
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"]
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_waiting_calls_let_decoding_and_newcomers_through(tiny_loaded):
+    import time
+
+    scheduler = tiny_loaded.scheduler
+    bias = PenaltyOptions(logit_bias={t: -100.0 for t in tiny_loaded.tokenizer.eos_token_ids})
+    _, stream = scheduler.stream(EngineRequest(list(range(3, 20)), max_tokens=60, penalties=bias))
+    next(stream)
+    seen = [scheduler.call(lambda: scheduler.stats.generated_tokens) for _ in range(5)]
+    counts = [f.result(timeout=10) for f in seen]
+    assert counts == sorted(set(counts))  # a decode step between any two calls
+    list(stream)
+    # Idle engine, slow calls waiting: a new request starts after the one running.
+    slow = [scheduler.call(lambda: time.sleep(0.2)) for _ in range(5)]
+    finished: list[float] = []
+    for f in slow:
+        f.add_done_callback(lambda _: finished.append(time.perf_counter()))
+    time.sleep(0.05)
+    _, late = scheduler.stream(EngineRequest(list(range(3, 9)), max_tokens=3, penalties=bias))
+    next(late)
+    first_token = time.perf_counter()
+    list(late)
+    for f in slow:
+        f.result(timeout=10)
+    assert sum(t < first_token for t in finished) == 1  # only the call already running
+
+
+def _stats(server) -> dict:
+    data = httpx.get(server.url + "/stats", timeout=10).json()
+    return next(iter(data.get("workers", {}).values()), data)
+
+
+def _hang_up_after(server, path: str, body: dict, seconds: float) -> None:
+    import json
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    raw = json.dumps(body).encode()
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+        time.sleep(seconds)
+
+
+def _until(check, timeout: float = 10) -> bool:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_client_that_hangs_up_stops_its_whole_answer_requests(server, no_eos_bias):
+    # Embeddings: 40 long inputs, seconds of work, abandoned after 0.3 s.
+    before = _stats(server)["client_disconnects"]
+    inputs = [[5 + (i * 7 + j) % 900 for j in range(3000)] for i in range(40)]
+    _hang_up_after(server, "/v1/embeddings", {"input": inputs}, 0.3)
+    assert _until(lambda: _stats(server)["client_disconnects"] > before)
+    # A non-streamed chat that would run 4000 tokens (seconds), abandoned: it stops.
+    before = _stats(server)["client_disconnects"]
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4000,
+        "logit_bias": no_eos_bias,
+    }
+    _hang_up_after(server, "/v1/chat/completions", body, 0.5)
+    assert _until(lambda: _stats(server)["client_disconnects"] > before)
+    assert _until(lambda: _stats(server)["engine"]["active"] == 0, timeout=2)
+    reply = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=30,
+    )
+    assert reply.status_code == 200
+
+
+def test_bodies_nested_too_deep_are_400s(server):
+    body = '{"input": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    for path in ("/v1/embeddings", "/v1/chat/completions", "/v1/messages", "/v1/responses"):
+        response = httpx.post(
+            server.url + path, content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400, (path, response.text[:200])

@@ -12,15 +12,23 @@ decode steps, so it never runs beside a step on the same weights.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 CHUNK_TOKENS = 2048  # long inputs go through the backbone in pieces, with a KV cache
 
 
 def backbone(model: Any) -> Any | None:
-    """The model's transformer without its vocabulary head, or None if it has none."""
-    inner = getattr(model, "model", None)
-    return inner if callable(inner) and hasattr(inner, "layers") else None
+    """The model's transformer without its vocabulary head, or None if it has none.
+
+    mlx-lm's text models keep it at `.model`; its multimodal ones wrap a text
+    model at `.language_model`. Others (Mamba's `.backbone`, GPT-2's layout)
+    are not recognised, and get a clear error rather than a wrong vector."""
+    for owner in (model, getattr(model, "language_model", None)):
+        inner = getattr(owner, "model", None)
+        if callable(inner) and hasattr(inner, "layers"):
+            return inner
+    return None
 
 
 def embed_one(model: Any, tokens: list[int]) -> list[float]:
@@ -30,7 +38,8 @@ def embed_one(model: Any, tokens: list[int]) -> list[float]:
     inner = backbone(model)
     if inner is None:
         raise ValueError("this model has no transformer backbone to take embeddings from")
-    cache = make_prompt_cache(model)
+    owner = model if getattr(model, "model", None) is inner else model.language_model
+    cache = make_prompt_cache(owner)
     total = None
     for start in range(0, len(tokens), CHUNK_TOKENS):
         hidden = inner(mx.array([tokens[start : start + CHUNK_TOKENS]]), cache=cache)
@@ -41,4 +50,6 @@ def embed_one(model: Any, tokens: list[int]) -> list[float]:
     vector = mean / mx.maximum(mx.linalg.norm(mean), 1e-12)
     result = vector.tolist()
     mx.clear_cache()
+    if not all(math.isfinite(x) for x in result):
+        raise ValueError("the model's hidden states are not finite numbers")
     return result

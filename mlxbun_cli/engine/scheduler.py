@@ -143,6 +143,8 @@ class Scheduler:
         self._calls: queue.SimpleQueue[tuple[Callable, concurrent.futures.Future]] = (
             queue.SimpleQueue()
         )
+        self._calls_lock = threading.Lock()  # a call is queued before the exit drain, or refused
+        self._calls_closed = False
         self._wake = threading.Event()
         self._cancel_pending = threading.Event()
         self._stop = threading.Event()
@@ -187,10 +189,11 @@ class Scheduler:
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run `fn` on the engine thread between two steps (other model work, e.g.
         embeddings, must not run beside a step); its result or error goes to the future."""
-        if self._stop.is_set():
-            raise RuntimeError("scheduler is shut down")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._calls.put((fn, future))
+        with self._calls_lock:
+            if self._stop.is_set() or self._calls_closed:
+                raise RuntimeError("scheduler is shut down")
+            self._calls.put((fn, future))
         self._wake.set()
         return future
 
@@ -238,7 +241,7 @@ class Scheduler:
         self._special = eos
         # This thread's own default stream: mlx-lm's module-level generation
         # stream is thread-local to the importing thread.
-        stream = mx.new_stream(mx.default_device())
+        stream = self._stream = mx.new_stream(mx.default_device())
         model = self.model
         if self._compiled_decode:
             from mlxbun_cli.engine.compiled_decode import CompiledDecodeModel
@@ -270,6 +273,8 @@ class Scheduler:
                 self._dispatch(gen_responses)
         finally:
             self._fail_all(generator, "engine shut down", reason="cancelled")
+            with self._calls_lock:
+                self._calls_closed = True
             while not self._calls.empty():
                 future = self._calls.get_nowait()[1]
                 if future.set_running_or_notify_cancel():
@@ -283,18 +288,23 @@ class Scheduler:
             release_streams()
 
     def _run_calls(self) -> None:
-        while not self._calls.empty():
+        # While requests decode or wait, one call per step, so they go on in
+        # between; with nothing else to do, every waiting call.
+        while not self._calls.empty() and not self._stop.is_set():
             fn, future = self._calls.get_nowait()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 tic = time.perf_counter()
-                result = fn()
+                with self._mx.stream(self._stream):
+                    result = fn()
                 self.stats.busy_seconds += time.perf_counter() - tic
             except Exception as exc:  # the caller gets it; the engine goes on
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+            if self._active or not self._inbox.empty():
+                return
 
     def _admit(self, generator: Any) -> None:
         if self._inbox.empty():  # the common case, checked every step

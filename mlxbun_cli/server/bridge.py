@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from mlxbun_cli.engine.types import Finished
 from mlxbun_cli.prep.events import OutputEvent
 from mlxbun_cli.prep.pipeline import OutputProcessor, PreparedRequest
+from mlxbun_cli.server.disconnect import ClientGone, wait_for_disconnect
 from mlxbun_cli.server.state import ServerState
 
 
@@ -145,6 +147,33 @@ async def _events(
         state.counters.tool_parse_failures += processor.tool_parse_failures
         if not handle.cancelled.is_set():
             handle.cancel()  # no-op when finished; stops the sequence when the client left
+
+
+async def unless_client_leaves(
+    receive: Callable[[], Any], events: AsyncIterator[OutputEvent]
+) -> AsyncIterator[OutputEvent]:
+    """`events` for an answer sent whole; a hang-up stops the request at its next
+    step (closing `events` cancels it) and raises ClientGone."""
+    gone = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        while True:
+            step = asyncio.ensure_future(events.__anext__())
+            await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+                raise ClientGone
+            try:
+                event = step.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        gone.cancel()
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def guard_stream(

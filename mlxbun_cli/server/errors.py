@@ -77,6 +77,16 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+    """Nobody is left to read it; the status is for the access log (nginx's 499)."""
+    state = getattr(request.app.state, "mlxbun", None)
+    if state is not None:
+        state.counters.client_disconnects += 1
+    return error_response(
+        499, "the client closed the request", "client_closed", path=request.url.path
+    )
+
+
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path)
     return error_response(

@@ -121,8 +121,10 @@ def install_common(app: Any, options: Any) -> None:
     from mlxbun_cli.errors import MlxbunError
     from mlxbun_cli.protocols import WireError
     from mlxbun_cli.server import errors
+    from mlxbun_cli.server.disconnect import ClientGone
 
     app.add_exception_handler(WireError, errors.wire_error)
+    app.add_exception_handler(ClientGone, errors.client_gone)
     app.add_exception_handler(MlxbunError, errors.mlxbun_error)
     app.add_exception_handler(StarletteHTTPException, errors.http_error)
     app.add_exception_handler(Exception, errors.unexpected_error)

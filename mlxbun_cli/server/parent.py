@@ -56,7 +56,7 @@ def _peek(body: bytes) -> dict[str, Any]:
     """The routing fields of a JSON body; a body that is not JSON is the worker's to refuse."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -211,7 +211,7 @@ def build_router(
     async def read_model_field(request: Request) -> tuple[str, dict[str, Any]]:
         try:
             data = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise WireError("the body is not valid JSON") from None
         if not isinstance(data, dict) or not isinstance(data.get("model"), str):
             raise WireError("model (a string) is required", "model")

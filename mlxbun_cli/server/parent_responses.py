@@ -27,7 +27,7 @@ LeaseFor = Callable[[Request, dict[str, Any]], Awaitable["Lease | Response"]]
 def _read_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError(f"the body is not valid JSON: {exc}") from exc
 
 

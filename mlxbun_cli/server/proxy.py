@@ -8,6 +8,7 @@ that dies mid-stream ends the stream with the protocol's own error frame.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -18,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from mlxbun_cli.server import chunked, handoff, uds_http
 from mlxbun_cli.server.direct_write import chunked_transport, wait_writable
+from mlxbun_cli.server.disconnect import wait_for_disconnect
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
 
@@ -92,7 +94,12 @@ async def open_upstream(
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
     try:
-        upstream = await uds_http.send(worker.socket_path, request.method, target, headers, body)
+        upstream = await _unless_client_leaves(
+            request, uds_http.send(worker.socket_path, request.method, target, headers, body)
+        )
+        if upstream is None:  # the client hung up: the worker saw its connection close
+            lease.release()
+            return error_response(499, "the client closed the request", "client_closed", path=path)
         if offer is not None:
             offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
         return upstream
@@ -105,6 +112,25 @@ async def open_upstream(
             code="engine_unavailable",
             path=path,
         )
+
+
+async def _unless_client_leaves(request: Request, answer: Any) -> Any:
+    """The worker's answer, or None if the client hangs up first. A non-streamed
+    answer comes only when it is complete, so without this a client that gave up
+    would keep the worker busy to the end; cancelling the send closes the worker
+    connection, and the worker stops the request."""
+    sending = asyncio.ensure_future(answer)
+    gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({sending, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if sending.done():
+        return sending.result()
+    sending.cancel()
+    with contextlib.suppress(asyncio.CancelledError, uds_http.UpstreamError):
+        await sending
+    return None
 
 
 async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:

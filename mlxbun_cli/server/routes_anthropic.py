@@ -12,7 +12,7 @@ from mlxbun_cli.prep.events import Done, OutputEvent
 from mlxbun_cli.prep.pipeline import PreparedRequest
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import anthropic as wire
-from mlxbun_cli.server.bridge import guard_stream, stream_events
+from mlxbun_cli.server.bridge import guard_stream, stream_events, unless_client_leaves
 from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response, register_error_shape
 from mlxbun_cli.server.routes_openai import prepared_headers, read_json, stream_headers
@@ -80,7 +80,7 @@ async def messages(request: Request) -> Response:
             headers=stream_headers(prepared),
         )
     done = None
-    async for event in events:
+    async for event in unless_client_leaves(request.receive, events):
         if isinstance(event, Done):
             done = event
         else:

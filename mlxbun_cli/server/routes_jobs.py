@@ -210,7 +210,7 @@ async def submit(request: Request) -> Response:
         return _unavailable()
     try:
         body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return _fail(400, f"the body is not valid JSON: {exc}")
     if not isinstance(body, dict):
         return _fail(400, "the body must be a JSON object: {kind, params}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,8 +20,9 @@ from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob
 from mlxbun_cli.prep.templates import encode_prompt
 from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import openai as wire
-from mlxbun_cli.server.bridge import guard_stream, stream_events
+from mlxbun_cli.server.bridge import guard_stream, stream_events, unless_client_leaves
 from mlxbun_cli.server.direct_write import EventStreamResponse
+from mlxbun_cli.server.disconnect import ClientGone, wait_for_disconnect
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.schemas import CHAT_BODY, COMPLETION_BODY, EMBEDDINGS_BODY
 from mlxbun_cli.server.state import ServerState
@@ -32,7 +34,7 @@ async def read_json(request: Request) -> Any:
     raw = await request.body()
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError(f"the body is not valid JSON: {exc}") from exc
 
 
@@ -60,16 +62,19 @@ def stream_headers(prepared: Any) -> dict[str, str]:
     return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared_headers(prepared)}
 
 
+def _header_text(text: str) -> str:
+    """Text a quoted header value can hold: no quotes, backslashes or control characters
+    (a warning may quote the user's own schema)."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text.replace("\\", "").replace('"', "'"))
+
+
 def prepared_headers(prepared: Any) -> dict[str, str]:
     """Warning and clamp headers a prepared request earned, for every wire."""
     headers = {}
     if prepared.warnings:
         # RFC 7234 warn-code 299 ("miscellaneous persistent warning"); quotes escaped.
         headers["Warning"] = (
-            ", ".join(
-                '299 mlxbun "' + w.replace("\\", "").replace('"', "'") + '"'
-                for w in prepared.warnings
-            )
+            ", ".join('299 mlxbun "' + _header_text(w) + '"' for w in prepared.warnings)
             .encode("ascii", "replace")
             .decode("ascii")
         )
@@ -100,7 +105,7 @@ async def _generate(
             headers=stream_headers(prepared),
         )
     collected, logprobs = Collected(), []
-    async for event in events:
+    async for event in unless_client_leaves(request.receive, events):
         collected.add(event)
         if isinstance(event, TokenLogprob):
             logprobs.append(event)
@@ -257,6 +262,9 @@ async def completions(request: Request) -> Response:
     return await _generate(request, wire.parse_completion, _completion_full, _completion_stream)
 
 
+MAX_EMBEDDING_TOKENS = 300_000  # per request, as OpenAI's API
+
+
 @router.post(
     "/v1/embeddings",
     openapi_extra=EMBEDDINGS_BODY,
@@ -272,24 +280,85 @@ async def create_embeddings(request: Request) -> Response:
     loaded = state.loaded
     if embeddings.backbone(loaded.model) is None:
         raise WireError(f"{loaded.id} has no transformer backbone to take embeddings from")
-    token_lists = [_embedding_tokens(loaded, item, i) for i, item in enumerate(parsed.inputs)]
-    # One engine call per input: decode steps of running requests go on in between.
-    calls = [
-        asyncio.wrap_future(
-            loaded.scheduler.call(lambda t=t: embeddings.embed_one(loaded.model, t))
-        )
-        for t in token_lists
-    ]
-    vectors = await asyncio.gather(*calls)
-    size = len(vectors[0])
-    if parsed.dimensions is not None and parsed.dimensions != size:
+    token_lists = await asyncio.to_thread(_embedding_inputs, loaded, parsed.inputs)
+    try:
+        # One engine call per input: running requests decode between them.
+        calls = [
+            asyncio.wrap_future(
+                loaded.scheduler.call(lambda t=t: embeddings.embed_one(loaded.model, t))
+            )
+            for t in token_lists
+        ]
+    except RuntimeError:  # the engine stopped: the server is shutting down
+        return _shutting_down()
+    outcome = await _finish_or_give_up(request, state, calls)
+    if outcome is not None:
+        return outcome
+    vectors = [c.result() for c in calls]
+    if parsed.dimensions is not None and parsed.dimensions != len(vectors[0]):
         raise WireError(
-            f"dimensions must be {size} for this model (its hidden size): "
+            f"dimensions must be {len(vectors[0])} for this model (its hidden size): "
             "its embeddings cannot be shortened",
             "dimensions",
         )
     used = sum(len(t) for t in token_lists)
-    return JSONResponse(wire.embeddings_response(loaded.id, vectors, used, parsed.encoding_format))
+    body = await asyncio.to_thread(
+        lambda: json.dumps(
+            wire.embeddings_response(loaded.id, vectors, used, parsed.encoding_format)
+        ).encode()
+    )
+    return Response(body, media_type="application/json")
+
+
+async def _finish_or_give_up(
+    request: Request, state: ServerState, calls: list[asyncio.Future]
+) -> Response | None:
+    """Wait for every input; None when all are done. A client that leaves, an
+    input that fails, or a shutdown past its grace period cancels what is left."""
+    pending = set(calls)
+    deadline: float | None = None
+    loop = asyncio.get_running_loop()
+    gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        while pending:
+            done, pending = await asyncio.wait(
+                pending | {gone}, timeout=0.25, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(gone)
+            if gone.done():
+                raise ClientGone
+            failed = next((c for c in done if not c.cancelled() and c.exception()), None)
+            if failed is not None:
+                error = failed.exception()
+                if isinstance(error, RuntimeError) and "shut down" in str(error):
+                    return _shutting_down()
+                state.counters.errors += 1
+                return error_response(500, f"embedding failed: {error}", "server_error")
+            if not pending:
+                return None
+            if state.draining.is_set():
+                deadline = deadline or loop.time() + state.options.shutdown_grace
+                if loop.time() >= deadline:
+                    return _shutting_down()
+        return None
+    finally:
+        gone.cancel()
+        for call in pending:
+            call.cancel()  # the engine skips inputs it has not started
+
+
+def _shutting_down() -> JSONResponse:
+    return error_response(503, "the server is shutting down", "server_shutdown")
+
+
+def _embedding_inputs(loaded: Any, items: list[str | list[int]]) -> list[list[int]]:
+    token_lists = [_embedding_tokens(loaded, item, i) for i, item in enumerate(items)]
+    total = sum(len(t) for t in token_lists)
+    if total > MAX_EMBEDDING_TOKENS:
+        raise WireError(
+            f"input is {total} tokens in all; at most {MAX_EMBEDDING_TOKENS} per request", "input"
+        )
+    return token_lists
 
 
 def _embedding_tokens(loaded: Any, item: str | list[int], index: int) -> list[int]:

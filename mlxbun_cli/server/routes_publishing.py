@@ -81,7 +81,7 @@ async def _json_object(request: Request) -> dict[str, Any] | Response:
         return _cancelled()
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         body = None
     if not isinstance(body, dict):
         return _error("expected a JSON object")

@@ -25,7 +25,7 @@ from mlxbun_cli.protocols import WireError
 from mlxbun_cli.protocols import responses as wire
 from mlxbun_cli.protocols.openai import error_body
 from mlxbun_cli.server import handoff
-from mlxbun_cli.server.bridge import stream_events
+from mlxbun_cli.server.bridge import stream_events, unless_client_leaves
 from mlxbun_cli.server.direct_write import EventStreamResponse
 from mlxbun_cli.server.errors import error_response, register_error_shape
 from mlxbun_cli.server.routes_openai import (
@@ -363,7 +363,7 @@ async def create_response(request: Request) -> Response:
             media_type="text/event-stream",
             headers=stream_headers(prepared),
         )
-    async for event in events:
+    async for event in unless_client_leaves(request.receive, events):
         run.builder.feed(event)
     done = run.builder.done
     if done is None or done.finish_reason == "error":

@@ -170,6 +170,9 @@ async def send(
     except (OSError, h11.ProtocolError) as exc:
         writer.close()
         raise UpstreamError(f"the worker failed the request: {exc}") from exc
-    except UpstreamError:
+    except (
+        UpstreamError,
+        asyncio.CancelledError,
+    ):  # cancelled: the client left; so does the worker
         writer.close()
         raise
