@@ -90,18 +90,26 @@ def build_router(
     async def proxy(request: Request) -> Response:
         counters.requests += 1
         body = await request.body()
-        lease = await lease_for(request, _peek(body))
+        fields = _peek(body)
+        lease = await lease_for(request, fields)
         if isinstance(lease, Response):
             return lease
         counters.proxied += 1
-        return await forward(request, lease, body)
+        return await forward(request, lease, body, whole_answer=fields.get("stream") is not True)
 
     async def send(
-        request: Request, lease: Any, body: bytes, offer: Any = None, extra: Any = ()
+        request: Request,
+        lease: Any,
+        body: bytes,
+        offer: Any = None,
+        extra: Any = (),
+        whole_answer: bool = False,
     ) -> Any:
         counters.requests += 1
         counters.proxied += 1
-        return await open_upstream(request, lease, body, offer=offer, extra_headers=extra)
+        return await open_upstream(
+            request, lease, body, offer=offer, extra_headers=extra, whole_answer=whole_answer
+        )
 
     api.include_router(build_responses_router(store, lease_for, send))
 

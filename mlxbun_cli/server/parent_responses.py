@@ -68,7 +68,7 @@ def build_responses_router(store: ResponseStore, lease_for: LeaseFor, send: Call
         offer = handoff.Offer.for_request(request.scope, worker_socket) if parsed.stream else None
         shown = json.dumps({"previous_response_id": previous, "store": keep})
         extra = [(handoff.SHOWN_HEADER, shown)] if offer is not None else []
-        upstream = await send(request, lease, raw, offer, extra)
+        upstream = await send(request, lease, raw, offer, extra, whole_answer=not parsed.stream)
         if isinstance(upstream, Response):
             return upstream
         if not upstream.headers.get("content-type", "").startswith("text/event-stream"):

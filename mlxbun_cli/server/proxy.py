@@ -76,8 +76,12 @@ async def open_upstream(
     path: str | None = None,
     offer: handoff.Offer | None = None,
     extra_headers: Iterable[tuple[str, str]] = (),
+    whole_answer: bool = False,
 ) -> Any:
-    """The worker's streaming response, or an error Response (the lease then ends)."""
+    """The worker's streaming response, or an error Response (the lease then ends).
+
+    `whole_answer`: the worker answers only once it is done (not a stream), so
+    a client that hangs up meanwhile is watched for."""
     worker = lease.worker
     path = path or request.url.path
     headers = [
@@ -94,9 +98,8 @@ async def open_upstream(
     raw = request.scope.get("raw_path") or path.encode()
     target = raw.decode("ascii", "replace") + (f"?{request.url.query}" if request.url.query else "")
     try:
-        upstream = await _unless_client_leaves(
-            request, uds_http.send(worker.socket_path, request.method, target, headers, body)
-        )
+        answer = uds_http.send(worker.socket_path, request.method, target, headers, body)
+        upstream = await (_unless_client_leaves(request, answer) if whole_answer else answer)
         if upstream is None:  # the client hung up: the worker saw its connection close
             lease.release()
             return error_response(499, "the client closed the request", "client_closed", path=path)
@@ -133,11 +136,17 @@ async def _unless_client_leaves(request: Request, answer: Any) -> Any:
     return None
 
 
-async def forward(request: Request, lease: Lease, body: bytes, path: str | None = None) -> Response:
+async def forward(
+    request: Request,
+    lease: Lease,
+    body: bytes,
+    path: str | None = None,
+    whole_answer: bool = False,
+) -> Response:
     """Send the request to the leased worker; the lease ends when the body does."""
     path = path or request.url.path
     offer = handoff.Offer.for_request(request.scope, lease.worker.socket_path)
-    upstream = await open_upstream(request, lease, body, path, offer)
+    upstream = await open_upstream(request, lease, body, path, offer, whole_answer=whole_answer)
     if isinstance(upstream, Response):
         return upstream
     is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
