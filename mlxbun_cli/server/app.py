@@ -11,6 +11,7 @@ from mlxbun_cli import __version__
 from mlxbun_cli.server import (
     routes_admin,
     routes_anthropic,
+    routes_embeddings,
     routes_jobs,
     routes_openai,
     routes_publishing,
@@ -39,6 +40,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.mlxbun = state
     app.include_router(routes_admin.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_embeddings.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_anthropic.router)
     app.include_router(routes_jobs.router)
