@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+# What json.loads raises on a body that is not JSON: bad syntax, bytes that
+# are not text, or nesting deeper than the parser's recursion allows.
+JSON_ERRORS = (ValueError, UnicodeDecodeError, RecursionError)
+
 
 class WireError(Exception):
     """A request the wire cannot accept: status, message and the field it names."""

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from mlxbun_cli import __version__
 from mlxbun_cli.catalog import ModelRef, known_models
 from mlxbun_cli.errors import InputError
-from mlxbun_cli.protocols import WireError, anthropic
+from mlxbun_cli.protocols import JSON_ERRORS, WireError, anthropic
 from mlxbun_cli.server import errors, handoff, routes_jobs, routes_publishing
 from mlxbun_cli.server.middleware import install_common
 from mlxbun_cli.server.parent_responses import build_responses_router
@@ -56,7 +56,7 @@ def _peek(body: bytes) -> dict[str, Any]:
     """The routing fields of a JSON body; a body that is not JSON is the worker's to refuse."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    except JSON_ERRORS:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -219,7 +219,7 @@ def build_router(
     async def read_model_field(request: Request) -> tuple[str, dict[str, Any]]:
         try:
             data = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError, RecursionError):
+        except JSON_ERRORS:
             raise WireError("the body is not valid JSON") from None
         if not isinstance(data, dict) or not isinstance(data.get("model"), str):
             raise WireError("model (a string) is required", "model")

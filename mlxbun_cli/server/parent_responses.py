@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import JSON_ERRORS, WireError
 from mlxbun_cli.protocols import responses as wire
 from mlxbun_cli.server import chunked, handoff
 from mlxbun_cli.server.proxy import RelayResponse, close_upstream, unavailable_frame
@@ -27,7 +27,7 @@ LeaseFor = Callable[[Request, dict[str, Any]], Awaitable["Lease | Response"]]
 def _read_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except JSON_ERRORS as exc:
         raise WireError(f"the body is not valid JSON: {exc}") from exc
 
 

@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlxbun_cli.errors import InputError, MlxbunError, OptionError
 from mlxbun_cli.jobs import KINDS, STATES
+from mlxbun_cli.protocols import JSON_ERRORS
 from mlxbun_cli.server.errors import register_error_shape
 
 log = logging.getLogger("mlxbun.jobs")
@@ -210,7 +211,7 @@ async def submit(request: Request) -> Response:
         return _unavailable()
     try:
         body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except JSON_ERRORS as exc:
         return _fail(400, f"the body is not valid JSON: {exc}")
     if not isinstance(body, dict):
         return _fail(400, "the body must be a JSON object: {kind, params}")

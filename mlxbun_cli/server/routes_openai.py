@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from mlxbun_cli.catalog import known_models
 from mlxbun_cli.client.results import Collected
 from mlxbun_cli.prep.events import Done, ReasoningDelta, TextDelta, TokenLogprob, ToolCallEvent
-from mlxbun_cli.protocols import WireError
+from mlxbun_cli.protocols import JSON_ERRORS, WireError
 from mlxbun_cli.protocols import openai as wire
 from mlxbun_cli.server.bridge import guard_stream, stream_events, unless_client_leaves
 from mlxbun_cli.server.direct_write import EventStreamResponse
@@ -29,7 +29,7 @@ async def read_json(request: Request) -> Any:
     raw = await request.body()
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except JSON_ERRORS as exc:
         raise WireError(f"the body is not valid JSON: {exc}") from exc
 
 

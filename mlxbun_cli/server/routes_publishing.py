@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.errors import MlxbunError
+from mlxbun_cli.protocols import JSON_ERRORS
 from mlxbun_cli.server.errors import register_error_shape
 
 log = logging.getLogger("mlxbun.publishing")
@@ -81,7 +82,7 @@ async def _json_object(request: Request) -> dict[str, Any] | Response:
         return _cancelled()
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    except JSON_ERRORS:
         body = None
     if not isinstance(body, dict):
         return _error("expected a JSON object")
