@@ -50,6 +50,10 @@ def release_streams() -> None:
 Sink = Callable[[Event], None]
 
 
+class EngineShutDown(RuntimeError):
+    """Work handed to a scheduler that has stopped, or was stopping."""
+
+
 @dataclass
 class SchedulerStats:
     requests: int = 0
@@ -173,7 +177,7 @@ class Scheduler:
 
     def submit(self, request: EngineRequest, sink: Sink) -> Handle:
         if self._stop.is_set():
-            raise RuntimeError("scheduler is shut down")
+            raise EngineShutDown("scheduler is shut down")
         handle = Handle(self, next(self._ids))
         item = _Active(handle, request, sink, Usage(), submitted=time.perf_counter())
         self._inbox.put(item)
@@ -192,7 +196,7 @@ class Scheduler:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._calls_lock:
             if self._stop.is_set() or self._calls_closed:
-                raise RuntimeError("scheduler is shut down")
+                raise EngineShutDown("scheduler is shut down")
             self._calls.put((fn, future))
         self._wake.set()
         return future
@@ -278,7 +282,7 @@ class Scheduler:
             while not self._calls.empty():
                 future = self._calls.get_nowait()[1]
                 if future.set_running_or_notify_cancel():
-                    future.set_exception(RuntimeError("engine shut down"))
+                    future.set_exception(EngineShutDown("engine shut down"))
             generator.close()
             # Arrays made on this thread's stream die on this thread (as
             # mlx-lm's server does); otherwise exit can abort in mlx's teardown.

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from mlxbun_cli.engine import embeddings
+from mlxbun_cli.engine.scheduler import EngineShutDown
 from mlxbun_cli.errors import OptionError
 from mlxbun_cli.prep.templates import encode_prompt
 from mlxbun_cli.protocols import WireError
@@ -49,7 +50,7 @@ async def create_embeddings(request: Request) -> Response:
             )
             for t in token_lists
         ]
-    except RuntimeError:  # the engine stopped: the server is shutting down
+    except EngineShutDown:
         return _shutting_down()
     outcome = await _finish_or_give_up(request, state, calls)
     if outcome is not None:
@@ -90,7 +91,7 @@ async def _finish_or_give_up(
             failed = next((c for c in done if not c.cancelled() and c.exception()), None)
             if failed is not None:
                 error = failed.exception()
-                if isinstance(error, RuntimeError) and "shut down" in str(error):
+                if isinstance(error, EngineShutDown):
                     return _shutting_down()
                 state.counters.errors += 1
                 return error_response(500, f"embedding failed: {error}", "server_error")
