@@ -18,16 +18,16 @@ from typing import Any
 CHUNK_TOKENS = 2048  # long inputs go through the backbone in pieces, with a KV cache
 
 
-def backbone(model: Any) -> Any | None:
-    """The model's transformer without its vocabulary head, or None if it has none.
+def text_model(model: Any) -> Any | None:
+    """The model whose `.model` is the transformer without its vocabulary head.
 
-    mlx-lm's text models keep it at `.model`; its multimodal ones wrap a text
-    model at `.language_model`. Others (Mamba's `.backbone`, GPT-2's layout)
-    are not recognised, and get a clear error rather than a wrong vector."""
+    mlx-lm's text models are their own; its multimodal ones wrap one at
+    `.language_model`. Others (Mamba's `.backbone`, GPT-2's layout) are not
+    recognised: None, and a clear error rather than a wrong vector."""
     for owner in (model, getattr(model, "language_model", None)):
         inner = getattr(owner, "model", None)
         if callable(inner) and hasattr(inner, "layers"):
-            return inner
+            return owner
     return None
 
 
@@ -35,10 +35,10 @@ def embed_one(model: Any, tokens: list[int]) -> list[float]:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    inner = backbone(model)
-    if inner is None:
+    owner = text_model(model)
+    if owner is None:
         raise ValueError("this model has no transformer backbone to take embeddings from")
-    owner = model if getattr(model, "model", None) is inner else model.language_model
+    inner = owner.model
     cache = make_prompt_cache(owner)
     total = None
     for start in range(0, len(tokens), CHUNK_TOKENS):

@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from mlxbun_cli.server import chunked, handoff, uds_http
 from mlxbun_cli.server.direct_write import chunked_transport, wait_writable
-from mlxbun_cli.server.disconnect import wait_for_disconnect
+from mlxbun_cli.server.disconnect import ClientGone, wait_for_disconnect
 from mlxbun_cli.server.errors import error_response
 from mlxbun_cli.server.residency import Lease
 
@@ -102,7 +102,7 @@ async def open_upstream(
         upstream = await (_unless_client_leaves(request, answer) if whole_answer else answer)
         if upstream is None:  # the client hung up: the worker saw its connection close
             lease.release()
-            return error_response(499, "the client closed the request", "client_closed", path=path)
+            raise ClientGone
         if offer is not None:
             offer.accepted = upstream.headers.get(handoff.HEADER) == handoff.ACCEPT
         return upstream

@@ -39,7 +39,7 @@ async def create_embeddings(request: Request) -> Response:
         return not_ready
     state.counters.requests += 1
     loaded = state.loaded
-    if embeddings.backbone(loaded.model) is None:
+    if embeddings.text_model(loaded.model) is None:
         raise WireError(f"{loaded.id} has no transformer backbone to take embeddings from")
     token_lists = await asyncio.to_thread(_embedding_inputs, loaded, parsed.inputs)
     try:

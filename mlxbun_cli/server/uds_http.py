@@ -170,9 +170,6 @@ async def send(
     except (OSError, h11.ProtocolError) as exc:
         writer.close()
         raise UpstreamError(f"the worker failed the request: {exc}") from exc
-    except (
-        UpstreamError,
-        asyncio.CancelledError,
-    ):  # cancelled: the client left; so does the worker
-        writer.close()
+    except (UpstreamError, asyncio.CancelledError):
+        writer.close()  # cancelled: the client left, and the worker sees it go
         raise
