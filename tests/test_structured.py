@@ -218,35 +218,26 @@ def test_structured_output_over_the_wire(openai_client, server):
     assert [
         c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
     ] == ["tool_calls"]
-    bad = httpx.post(
+    bad = _chat_with_schema(server, {"schema": {"type": "string", "pattern": "(?<=a)b"}})
+    assert bad.status_code == 200 and "could not be compiled" in bad.headers["warning"]
+
+
+def _chat_with_schema(server, json_schema: dict) -> httpx.Response:
+    return httpx.post(
         server.url + "/v1/chat/completions",
         json={
             "messages": [{"role": "user", "content": "x"}],
             "max_tokens": 3,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"schema": {"type": "string", "pattern": "(?<=a)b"}},
-            },
+            "response_format": {"type": "json_schema", "json_schema": json_schema},
         },
+        timeout=30,
     )
-    assert bad.status_code == 200 and "could not be compiled" in bad.headers["warning"]
 
 
 def test_a_warning_quoting_control_characters_still_makes_a_valid_header(server):
     # llguidance's compile error quotes the pattern, \x01 included.
     schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=\x01)a"}}}
-    response = httpx.post(
-        server.url + "/v1/chat/completions",
-        json={
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 3,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "x", "schema": schema},
-            },
-        },
-        timeout=30,
-    )
+    response = _chat_with_schema(server, {"name": "x", "schema": schema})
     assert response.status_code == 200, response.text
     warning = response.headers["warning"]
     assert warning.startswith('299 mlxbun "') and not any(ord(c) < 32 for c in warning)
