@@ -105,7 +105,7 @@ class ThinkingBudget:
     def _target(self, state: _State) -> int:
         """The end-marker token to force next; part of the marker may already be out."""
         for k in range(len(self._end) - 1, 0, -1):
-            if len(state.recent) >= k and tuple(state.recent)[-k:] == self._end[:k]:
+            if state.ends_with(self._end[:k]):
                 return self._end[k]
         return self._end[0]
 
